@@ -1,0 +1,25 @@
+# Run: mpiexec -n 4 python examples/quickstart.py   (or plain `python examples/quickstart.py`)
+import numpy as np
+from mpi4py import MPI
+
+import mpizero
+
+comm = MPI.COMM_WORLD
+rng = np.random.default_rng(0)  # same seed on every rank: identical initial parameters
+params = {"w": rng.standard_normal((3, 1)).astype(np.float32), "b": np.zeros(1, np.float32)}
+engine = mpizero.ZeroEngine(params, mpizero.Adam(lr=0.05), comm=comm, stage=3)
+
+true_w = np.array([[2.0], [-1.0], [0.5]], dtype=np.float32)
+for step in range(300):
+    data = np.random.default_rng([step, comm.rank])  # each rank trains on its own batch
+    x = data.standard_normal((32, 3)).astype(np.float32)
+    y = x @ true_w + 0.3
+    with engine.gathered() as p:  # full parameters; at stage 3 gathered here, freed after
+        err = x @ p["w"] + p["b"] - y
+    engine.step({"w": 2 * x.T @ err / len(x), "b": 2 * err.mean(axis=0)})  # local grads in
+
+with engine.gathered() as p:
+    if comm.rank == 0:
+        print("w", p["w"].ravel().round(2), "b", p["b"].round(2))
+if comm.rank == 0:
+    print("bytes held by rank 0:", engine.memory())

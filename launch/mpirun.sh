@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Run an mpizero command on this machine with N ranks.
+#   launch/mpirun.sh                 -> mpiexec -n 4 python -m mpizero verify
+#   launch/mpirun.sh 3 example       -> mpiexec -n 3 python -m mpizero example
+# Works with MPICH's mpiexec (the mpich wheel, oversubscribes freely) and with
+# Open MPI's, which needs --oversubscribe for more ranks than cores and
+# --allow-run-as-root when run as root.
+set -euo pipefail
+
+ranks="${1:-4}"
+shift || true
+[ "$#" -gt 0 ] || set -- verify
+
+launcher=(mpiexec)
+if mpiexec --version 2>&1 | grep -qi "open mpi"; then
+  launcher+=(--oversubscribe)
+  if [ "$(id -u)" -eq 0 ]; then
+    launcher+=(--allow-run-as-root)
+  fi
+fi
+
+# One BLAS thread per rank: results are reproducible and cores are not oversubscribed.
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+exec "${launcher[@]}" -n "$ranks" "${PYTHON:-python}" -m mpizero "$@"

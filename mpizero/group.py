@@ -1,0 +1,122 @@
+"""One flat parameter group's lifecycle on one rank: its buffers and their states.
+
+Glossary (these names and no others):
+
+- full params: the group's padded flat parameter buffer (padded numel).
+- param shard: this rank's block of the full params. At stages 0-2 it is a view
+  into the full params; at stage 3 it is the only parameter buffer kept, and the
+  full params exist only between ``gather`` and ``release``.
+- owned range: what this rank updates: the whole padded buffer when the
+  optimizer is not sharded (stage 0), its shard otherwise.
+- local grads: this rank's contributions summed in the reduction's wire dtype
+  (int64 for ``exact``), padded numel; kept between steps unless gradients are
+  sharded.
+- grad shard: the averaged float32 gradient over the owned range.
+- master shard: float32 parameters over the owned range; the optimizer's copy.
+- optimizer state shard: the optimizer's buffers over the owned range.
+- padding: the zeros after the last tensor; they stay zero through every update.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from .layout import FlatLayout
+from .partition import Partition
+from .stages import Sharding
+
+
+class ParamState(enum.Enum):
+    """Whether this group's full params exist on this rank right now."""
+
+    SHARDED = "sharded"
+    UNSHARDED = "unsharded"
+
+
+class FlatGroup:
+    """Buffers of one parameter group on one rank, for one stage."""
+
+    def __init__(
+        self, layout: FlatLayout, partition: Partition, rank: int, sharding: Sharding, xp, param_dtype, initial
+    ) -> None:
+        self.layout, self.partition, self.rank, self.sharding = layout, partition, rank, sharding
+        self.xp, self.param_dtype = xp, param_dtype
+        full = xp.zeros(partition.padded_numel, dtype=xp.float32)
+        for name, view in layout.views(full).items():
+            view[...] = initial[name]
+        start, stop = self.owned_range
+        self.master_shard = full[start:stop].copy()
+        self.optimizer_state: dict = {}
+        self.grad_shard = xp.zeros(stop - start, dtype=xp.float32)
+        self.local_grads = None
+        shard_start, shard_stop = partition.shard_range(rank)
+        if sharding.params:
+            self.full_params = None
+            self.param_shard = full[shard_start:shard_stop].astype(param_dtype)
+            self.state = ParamState.SHARDED
+        else:
+            self.full_params = full.astype(param_dtype)
+            self.param_shard = self.full_params[shard_start:shard_stop]
+            self.state = ParamState.UNSHARDED
+
+    @property
+    def owned_range(self) -> tuple[int, int]:
+        if self.sharding.optimizer:
+            return self.partition.shard_range(self.rank)
+        return 0, self.partition.padded_numel
+
+    def init_optimizer(self, state_names) -> None:
+        self.optimizer_state = {n: self.xp.zeros_like(self.master_shard) for n in state_names}
+
+    def gather(self, collectives) -> dict:
+        """Make the full params exist (all-gather at stage 3); return read-only views by name."""
+        if self.state is ParamState.SHARDED:
+            self.full_params = self.xp.empty(self.partition.padded_numel, dtype=self.param_dtype)
+            collectives.allgather(self.param_shard, self.full_params)
+            self.state = ParamState.UNSHARDED
+        return self.layout.views(self.full_params)
+
+    def release(self) -> None:
+        """Free the full params again when only the shard is to be kept (stage 3)."""
+        if self.sharding.params:
+            self.full_params = None
+            self.state = ParamState.SHARDED
+
+    def reduce(self, collectives, reduction, contributions, scale: int, count: int) -> None:
+        """Turn this rank's contributions into the averaged grad shard."""
+        if self.local_grads is None:
+            self.local_grads = self.xp.empty(self.partition.padded_numel, dtype=reduction.wire_dtype)
+        reduction.encode(self.local_grads, contributions, self.layout.specs, scale)
+        reduced = self.xp.empty(self.grad_shard.shape, dtype=reduction.wire_dtype)
+        if self.sharding.gradient_collective == "reduce_scatter":
+            collectives.reduce_scatter(self.local_grads, reduced)
+        else:
+            collectives.allreduce(self.local_grads, reduced)
+        reduction.decode(reduced, scale, count, self.grad_shard)
+        if self.sharding.grads:
+            self.local_grads = None
+
+    def update(self, optimizer, step: int) -> None:
+        """Apply one optimizer step to the master shard."""
+        optimizer.update(self.master_shard, self.grad_shard, self.optimizer_state, step)
+
+    def publish(self, collectives) -> None:
+        """Copy the master shard into the parameters every rank will use next."""
+        if self.sharding.params:
+            self.param_shard[...] = self.master_shard
+        elif self.sharding.optimizer:
+            self.param_shard[...] = self.master_shard
+            collectives.allgather_in_place(self.full_params)
+        else:
+            self.full_params[...] = self.master_shard
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this group holds now, by kind."""
+        params = self.param_shard.nbytes if self.full_params is None else self.full_params.nbytes
+        return {
+            "params": params,
+            "grads": self.grad_shard.nbytes,
+            "master": self.master_shard.nbytes,
+            "optimizer": sum(a.nbytes for a in self.optimizer_state.values()),
+            "comm": 0 if self.local_grads is None else self.local_grads.nbytes,
+        }

@@ -1,0 +1,151 @@
+"""``python -m mpizero verify``: train an MLP at every stage, compare with the reference after every step.
+
+Run: ``mpiexec -n 4 python -m mpizero verify`` (any -n, including 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from .arrays import to_host
+from .engine import ZeroEngine
+from .mlp import MLP, regression_batch
+from .optim import OPTIMIZERS
+from .partition import split_evenly
+from .reference import Reference
+from .stages import STAGES
+
+WIDTHS = (13, 31, 29, 5)
+NATIVE_TOLERANCE = 1e-4
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stage", default="all", choices=[*map(str, STAGES), "all"])
+    parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZERS))
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reduction", default="exact", choices=["exact", "native"])
+    parser.add_argument(
+        "--micro-batches", type=int, default=None, help="global micro-batches per step (default: one per rank)"
+    )
+    parser.add_argument("--batch", type=int, default=8, help="samples per micro-batch")
+    parser.add_argument("--perturb-rank", type=int, default=None, help=argparse.SUPPRESS)
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """The first element where this rank's state differs from the reference."""
+
+    step: int
+    rank: int
+    what: str
+    tensor: str
+    index: tuple
+    engine_value: float
+    reference_value: float
+
+    def __str__(self) -> str:
+        return (
+            f"MISMATCH at step {self.step} on rank {self.rank}: {self.what} {self.tensor}{list(self.index)} "
+            f"engine {self.engine_value!r} != reference {self.reference_value!r}"
+        )
+
+
+def make_optimizer(name: str):
+    settings = {"sgd": dict(lr=0.05, momentum=0.9, weight_decay=1e-4), "adam": dict(lr=1e-2), "adamw": dict(lr=1e-2)}
+    return OPTIMIZERS[name](**settings[name])
+
+
+def run(args, comm) -> int:
+    """Verify each requested stage; print one line per stage on rank 0; return the exit code."""
+    stages = list(STAGES) if args.stage == "all" else [int(args.stage)]
+    failed = False
+    for stage in stages:
+        line, ok = verify_stage(stage, args, comm)
+        failed |= not ok
+        if comm.Get_rank() == 0:
+            print(line, flush=True)
+    return 1 if failed else 0
+
+
+def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
+    model = MLP(WIDTHS)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    micro_batches = size if args.micro_batches is None else args.micro_batches
+    params = model.init(args.seed)
+    optimizer = make_optimizer(args.optimizer)
+    engine = ZeroEngine(params, optimizer, comm=comm, stage=stage, reduction=args.reduction)
+    reference = Reference(params, optimizer, reduction=args.reduction)
+    mine = split_evenly(micro_batches, size, rank)
+    worst, first_mismatch = 0.0, None
+    for step in range(1, args.steps + 1):
+        batches = [regression_batch(WIDTHS, args.seed, step, m, args.batch) for m in range(micro_batches)]
+        with engine.gathered() as full:
+            engine.step([model.loss_and_grads(full, *batches[m])[1] for m in mine])
+        reference.step([model.loss_and_grads(reference.params, *b)[1] for b in batches])
+        if args.perturb_rank == rank and step == 1:
+            shard = engine.groups[0].master_shard
+            shard[0] = np.nextafter(shard[0], np.float32(np.inf))
+        if engine.reduction.bitwise:
+            first_mismatch = first_mismatch or compare_bits(step, rank, engine, reference)
+        else:
+            worst = max(worst, relative_difference(engine, reference))
+    head = f"stage {stage}  ranks {size}  steps {args.steps}  optimizer {args.optimizer}  reduction {args.reduction}:"
+    if not engine.reduction.bitwise:
+        worst = comm.allreduce(worst, op=MPI.MAX)
+        ok = worst <= NATIVE_TOLERANCE
+        verdict = "within" if ok else "OUTSIDE"
+        detail = f"max relative difference {worst:.2e}, tolerance {NATIVE_TOLERANCE:.0e}; not bitwise"
+        return f"{head} {verdict} tolerance ({detail})", ok
+    reports = [m for m in comm.allgather(first_mismatch) if m is not None]
+    if reports:
+        return f"{head} {min(reports, key=lambda m: (m.step, m.rank))}", False
+    return f"{head} bitwise", True
+
+
+def compared_pairs(engine, reference):
+    """Yield ``(what, group, start, engine array, reference flat slice)`` for every held buffer."""
+    for group in engine.groups:
+        flat = {"params": flatten(group, reference.params)}
+        for state_name in engine.optimizer.state_names:
+            flat[state_name] = flatten(group, {n: s[state_name] for n, s in reference.state.items()})
+        start, stop = group.owned_range
+        if group.full_params is not None:
+            yield "params", group, 0, group.full_params, flat["params"]
+        else:
+            shard_start, shard_stop = group.partition.shard_range(group.rank)
+            yield "params", group, shard_start, group.param_shard, flat["params"][shard_start:shard_stop]
+        yield "master", group, start, group.master_shard, flat["params"][start:stop]
+        for state_name, buffer in group.optimizer_state.items():
+            yield state_name, group, start, buffer, flat[state_name][start:stop]
+
+
+def flatten(group, tensors) -> np.ndarray:
+    """Lay reference tensors out as the group's padded flat buffer."""
+    flat = np.zeros(group.partition.padded_numel, dtype=np.float32)
+    for name, view in group.layout.views(flat).items():
+        view[...] = tensors[name]
+    return flat
+
+
+def compare_bits(step: int, rank: int, engine, reference) -> Mismatch | None:
+    for what, group, start, mine, expected in compared_pairs(engine, reference):
+        mine = to_host(mine)
+        differ = np.flatnonzero(mine.view(np.uint32) != expected.view(np.uint32))
+        if differ.size:
+            i = int(differ[0])
+            tensor, index = group.layout.locate(start + i)
+            return Mismatch(step, rank, what, tensor, index, float(mine[i]), float(expected[i]))
+    return None
+
+
+def relative_difference(engine, reference) -> float:
+    worst = 0.0
+    for _, _, _, mine, expected in compared_pairs(engine, reference):
+        scale = float(np.max(np.abs(expected))) or 1.0
+        worst = max(worst, float(np.max(np.abs(to_host(mine) - expected))) / scale)
+    return worst

@@ -1,0 +1,150 @@
+"""Engine checks that hold at any world size. Run: mpiexec -n N python -m mpi4py tests/mpi/check_engine.py
+
+Every rank runs every check; an assertion on any rank aborts the job (python -m mpi4py).
+Prints one line, ``digest <hex>``, of the final master parameters, so the caller can
+compare runs at different world sizes.
+"""
+
+import hashlib
+
+import numpy as np
+from mpi4py import MPI
+
+from mpizero import SGD, Adam, Reference, ZeroEngine, ZeroError, split_evenly
+from mpizero.collectives import Collectives
+from mpizero.mlp import MLP, regression_batch
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+MODEL = MLP((7, 17, 11, 3))
+GROUPS = [["l0.w", "l0.b"], ["l1.w", "l1.b", "l2.w"], ["l2.b"]]
+MICRO_BATCHES = 5  # uneven over 2, 3 and 4 ranks
+
+
+def expect_error(fn, *fragments):
+    try:
+        fn()
+    except ZeroError as error:
+        for fragment in fragments:
+            assert fragment in str(error), (fragment, str(error))
+        return
+    raise AssertionError(f"expected ZeroError containing {fragments}")
+
+
+def train(stage, optimizer, reduction="exact", steps=4):
+    params = MODEL.init(1)
+    engine = ZeroEngine(params, optimizer, comm=comm, stage=stage, reduction=reduction, groups=GROUPS)
+    reference = Reference(params, optimizer, reduction=reduction, groups=GROUPS)
+    mine = split_evenly(MICRO_BATCHES, size, rank)
+    for step in range(1, steps + 1):
+        batches = [regression_batch(MODEL.widths, 1, step, m, 6) for m in range(MICRO_BATCHES)]
+        with engine.gathered() as full:
+            engine.step([MODEL.loss_and_grads(full, *batches[m])[1] for m in mine])
+        reference.step([MODEL.loss_and_grads(reference.params, *b)[1] for b in batches])
+    return engine, reference
+
+
+def check_bitwise_against_reference():
+    for stage in range(4):
+        for optimizer in (SGD(lr=0.05, momentum=0.9), Adam(lr=1e-2)):
+            engine, reference = train(stage, optimizer)
+            master = engine.master_params()
+            for name, value in reference.params.items():
+                assert master[name].tobytes() == value.tobytes(), (stage, optimizer, name)
+            with engine.gathered() as full:
+                for name, value in reference.params.items():
+                    assert np.asarray(full[name]).tobytes() == value.tobytes(), (stage, name)
+
+
+def check_native_is_close_not_claimed_bitwise():
+    engine, reference = train(2, Adam(lr=1e-2), reduction="native")
+    assert not engine.reduction.bitwise
+    master = engine.master_params()
+    for name, value in reference.params.items():
+        assert np.max(np.abs(master[name] - value)) <= 1e-4 * np.max(np.abs(value)), name
+
+
+def check_memory_by_stage():
+    for stage in range(4):
+        engine, _ = train(stage, Adam(lr=1e-2), steps=1)
+        padded = [g.partition.padded_numel for g in engine.groups]
+        shard = [g.partition.shard_numel for g in engine.groups]
+        owned = padded if stage == 0 else shard
+        held = engine.memory()
+        assert held["params"] == 4 * sum(shard if stage == 3 else padded), (stage, held)
+        assert held["master"] == 4 * sum(owned) and held["grads"] == 4 * sum(owned)
+        assert held["optimizer"] == 2 * 4 * sum(owned)
+        assert held["comm"] == (8 * sum(padded) if stage < 2 else 0), (stage, held)
+        with engine.gathered():
+            assert engine.memory()["params"] == 4 * sum(padded)
+        assert engine.memory()["params"] == held["params"]
+
+
+def check_bad_gradients_fail_on_every_rank():
+    params = MODEL.init(1)
+    engine = ZeroEngine(params, SGD(lr=0.1), comm=comm, stage=2)
+    grads = {k: np.zeros_like(v) for k, v in params.items()}
+    bad = dict(grads, **{"l1.w": np.zeros((3, 3), np.float32)}) if rank == size - 1 else grads
+    expect_error(lambda: engine.step(bad), f"rank {size - 1}", "'l1.w'", "expected float32[17, 11]")
+    nan = dict(grads, **{"l0.b": np.full(17, np.nan, np.float32)}) if rank == size - 1 else grads
+    expect_error(lambda: engine.step(nan), "non-finite", f"ranks [{size - 1}]")
+    expect_error(lambda: engine.step([]), "no rank handed in any gradients")
+    engine.step(grads)  # the engine is still usable after agreed errors
+
+
+def check_disagreement_at_setup_fails_on_every_rank():
+    if size == 1:
+        return
+    params = MODEL.init(1)
+    if rank == size - 1:
+        params["l2.b"] = np.zeros(4, np.float32)
+    expect_error(lambda: ZeroEngine(params, SGD(lr=0.1), comm=comm), "ranks disagree on the model", f"[{size - 1}]")
+    params = MODEL.init(1)
+    if rank == 0:
+        params["l0.b"][0] = 1.0
+    expect_error(lambda: ZeroEngine(params, SGD(lr=0.1), comm=comm), "initial parameter values")
+    expect_error(lambda: ZeroEngine({"w": np.zeros(3)}, SGD(lr=0.1), comm=comm), "must be float32")
+
+
+class FakeDeviceArray:
+    """A host array posing as a GPU buffer, to exercise host staging without a GPU."""
+
+    __cuda_array_interface__ = {}
+
+    def __init__(self, host):
+        self.host = host
+        self.shape, self.dtype, self.nbytes = host.shape, host.dtype, host.nbytes
+
+    def get(self):
+        return self.host.copy()
+
+    def set(self, host):
+        self.host[...] = host
+
+
+def check_host_staging():
+    coll = Collectives(comm)
+    send = np.arange(4 * size, dtype=np.int64) * (rank + 1)
+    expected = np.empty(4, np.int64)
+    comm.Reduce_scatter_block(send, expected)
+    recv = FakeDeviceArray(np.zeros(4, np.int64))
+    coll.reduce_scatter(FakeDeviceArray(send), recv)
+    assert recv.host.tolist() == expected.tolist()
+    full = np.zeros(3 * size, np.float32)
+    full[3 * rank : 3 * rank + 3] = rank
+    device_full = FakeDeviceArray(full.copy())
+    coll.allgather_in_place(device_full)
+    assert device_full.host.tolist() == np.repeat(np.arange(size), 3).tolist()
+    assert coll.traffic.calls == {"reduce_scatter": 1, "allgather": 1}
+
+
+check_bitwise_against_reference()
+check_native_is_close_not_claimed_bitwise()
+check_memory_by_stage()
+check_bad_gradients_fail_on_every_rank()
+check_disagreement_at_setup_fails_on_every_rank()
+check_host_staging()
+engine, _ = train(3, Adam(lr=1e-2), steps=3)
+digest = hashlib.sha256(b"".join(v.tobytes() for v in engine.master_params().values())).hexdigest()
+if rank == 0:
+    print("digest", digest)

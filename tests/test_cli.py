@@ -1,0 +1,63 @@
+"""``python -m mpizero example`` and ``verify`` as a user runs them."""
+
+import pytest
+from mpirun import WORLD_SIZES, run_mpi, run_mpi_ok
+
+# The worked example's printed numbers (shared/reference/zero-worked-example.txt).
+AVERAGED = "Averaged gradients: [ 0.035 -0.025  0.045  0.03  -0.025  0.035 -0.025  0.025]"
+UPDATED = "full updated params: [ 0.0965 -0.2975  0.4955  0.197  -0.0975  0.3965 -0.1975  0.2975]"
+EXPECTED = "Expected (naive full-param update): [ 0.0965 -0.2975  0.4955  0.197  -0.0975  0.3965 -0.1975  0.2975]"
+SHARDS_AT_4 = [
+    "Rank 0 owns params [0, 1]: grad_shard = [ 0.035 -0.025]",
+    "Rank 1 owns params [2, 3]: grad_shard = [0.045 0.03 ]",
+    "Rank 2 owns params [4, 5]: grad_shard = [-0.025  0.035]",
+    "Rank 3 owns params [6, 7]: grad_shard = [-0.025  0.025]",
+    "Rank 0: updated shard = [ 0.0965 -0.2975]",
+    "Rank 1: updated shard = [0.4955 0.197 ]",
+    "Rank 2: updated shard = [-0.0975  0.3965]",
+    "Rank 3: updated shard = [-0.1975  0.2975]",
+]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_example_prints_the_reference_numbers(n):
+    out = run_mpi_ok(n, ["-m", "mpizero", "example"])
+    for line in (AVERAGED, UPDATED, EXPECTED, "Results match: True"):
+        assert line in out
+    if n == 4:
+        assert all(line in out for line in SHARDS_AT_4)
+    if n == 3:
+        assert "8 parameters padded to 9" in out and "Rank 2 owns params [6, 7] + 1 padding" in out
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_example_other_stages(stage):
+    out = run_mpi_ok(3, ["-m", "mpizero", "example", "--stage", str(stage)])
+    assert f"ZeRO Stage {stage}" in out and UPDATED in out and "Results match: True" in out
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+def test_verify_is_bitwise_at_every_stage(n, optimizer):
+    out = run_mpi_ok(n, ["-m", "mpizero", "verify", "--optimizer", optimizer, "--micro-batches", "5"])
+    lines = out.strip().splitlines()
+    assert len(lines) == 4
+    for stage, line in enumerate(lines):
+        assert line.startswith(f"stage {stage}  ranks {n}") and line.endswith("reduction exact: bitwise"), line
+
+
+def test_verify_names_the_first_mismatch_when_a_shard_is_perturbed():
+    done = run_mpi(3, ["-m", "mpizero", "verify", "--stage", "2", "--perturb-rank", "1"])
+    assert done.returncode == 1
+    assert "MISMATCH at step 1 on rank 1: master" in done.stdout
+    assert "engine" in done.stdout and "!= reference" in done.stdout
+
+
+def test_verify_native_reports_a_tolerance_never_bitwise():
+    out = run_mpi_ok(4, ["-m", "mpizero", "verify", "--reduction", "native", "--stage", "2"])
+    assert "within tolerance" in out and "not bitwise" in out and ": bitwise" not in out
+
+
+def test_bad_cli_value_is_rejected_by_argparse():
+    done = run_mpi(2, ["-m", "mpizero", "verify", "--stage", "5"])
+    assert done.returncode == 2 and "invalid choice: '5'" in done.stderr
