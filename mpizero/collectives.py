@@ -1,8 +1,10 @@
-"""Reduce-scatter, all-gather and all-reduce on NumPy or CuPy buffers.
+"""Reduce-scatter, all-gather and all-reduce on NumPy or CuPy buffers, blocking or not.
 
 Device buffers go straight to MPI when it is CUDA-aware (see ``cuda_aware``)
-and are staged through host memory otherwise. Every call is counted in a
-``Traffic`` log, so a step's communication volume is measured, not assumed.
+and are staged through host memory otherwise. 2-byte floats (bfloat16,
+float16), which MPI has no type for, travel as uint16: the bytes are the same.
+Every call is counted in a ``Traffic`` log, so communication volume is
+measured, not assumed.
 
 The cross-rank contract of each call: the buffers have the same dtype and
 length on every rank, and every rank makes the same calls in the same order.
@@ -19,21 +21,44 @@ from mpi4py import MPI
 from .arrays import array_module, is_device_array
 from .cuda_aware import cuda_aware
 
+WIRE_VIEWS = {"bfloat16": np.uint16, "float16": np.uint16}
+
 
 @dataclass
 class Traffic:
-    """Calls per collective and the bytes of the full (unsharded) buffer each moved."""
+    """Per collective: calls, and bytes this rank sent and received (ring/recursive algorithms)."""
 
     calls: Counter = field(default_factory=Counter)
-    full_bytes: Counter = field(default_factory=Counter)
+    sent: Counter = field(default_factory=Counter)
+    received: Counter = field(default_factory=Counter)
 
-    def record(self, op: str, nbytes: int) -> None:
+    def record(self, op: str, full_bytes: int, world_size: int) -> None:
+        """Count one call on a full (unsharded) buffer of ``full_bytes``."""
+        factor = 2 if op == "allreduce" else 1
+        moved = factor * full_bytes * (world_size - 1) // world_size
         self.calls[op] += 1
-        self.full_bytes[op] += nbytes
+        self.sent[op] += moved
+        self.received[op] += moved
 
     def clear(self) -> None:
-        self.calls.clear()
-        self.full_bytes.clear()
+        for counter in (self.calls, self.sent, self.received):
+            counter.clear()
+
+
+class Pending:
+    """A nonblocking collective in flight; ``wait`` completes it (and copies staged data back)."""
+
+    def __init__(self, request=None, finish=None, keep=()) -> None:
+        self.request, self.finish, self.keep = request, finish, keep  # keep: buffers MPI still reads
+
+    def wait(self) -> None:
+        if self.request is not None:
+            self.request.Wait()
+            self.request = None
+        if self.finish is not None:
+            self.finish()
+            self.finish = None
+        self.keep = ()
 
 
 class Collectives:
@@ -43,35 +68,49 @@ class Collectives:
         self.comm = comm
         self.traffic = Traffic()
 
-    def reduce_scatter(self, send, recv) -> None:
+    def reduce_scatter(self, send, recv, blocking: bool = True) -> Pending:
         """Sum ``send`` (world_size * len(recv) elements) over ranks; keep this rank's block."""
-        self.traffic.record("reduce_scatter", send.nbytes)
-        self._call(lambda s, r: self.comm.Reduce_scatter_block(s, r, op=MPI.SUM), send, recv)
+        call = self.comm.Reduce_scatter_block if blocking else self.comm.Ireduce_scatter_block
+        return self._run("reduce_scatter", send.nbytes, lambda s, r: call(s, r, op=MPI.SUM), send, recv, blocking)
 
-    def allreduce(self, send, recv) -> None:
+    def allreduce(self, send, recv, blocking: bool = True) -> Pending:
         """Sum ``send`` over ranks into ``recv`` on every rank."""
-        self.traffic.record("allreduce", send.nbytes)
-        self._call(lambda s, r: self.comm.Allreduce(s, r, op=MPI.SUM), send, recv)
+        call = self.comm.Allreduce if blocking else self.comm.Iallreduce
+        return self._run("allreduce", send.nbytes, lambda s, r: call(s, r, op=MPI.SUM), send, recv, blocking)
 
-    def allgather(self, send, recv) -> None:
+    def allgather(self, send, recv, blocking: bool = True) -> Pending:
         """Concatenate every rank's ``send`` into ``recv`` in rank order."""
-        self.traffic.record("allgather", recv.nbytes)
-        self._call(lambda s, r: self.comm.Allgather(s, r), send, recv)
+        call = self.comm.Allgather if blocking else self.comm.Iallgather
+        return self._run("allgather", recv.nbytes, call, send, recv, blocking)
 
-    def allgather_in_place(self, full) -> None:
+    def allgather_in_place(self, full) -> Pending:
         """All-gather into ``full``, whose block for this rank already holds its shard."""
-        self.traffic.record("allgather", full.nbytes)
-        self._call(lambda _, r: self.comm.Allgather(MPI.IN_PLACE, r), None, full)
+        return self._run("allgather", full.nbytes, lambda _, r: self.comm.Allgather(MPI.IN_PLACE, r), None, full, True)
 
-    def _call(self, collective, send, recv) -> None:
+    def _run(self, op: str, full_bytes: int, collective, send, recv, blocking: bool) -> Pending:
+        """Count the call, start ``collective(send, recv)`` on wire views, and wait if blocking."""
+        self.traffic.record(op, full_bytes, self.comm.Get_size())
+        pending = self._start(collective, _wire(send), _wire(recv))
+        if blocking:
+            pending.wait()
+        return pending
+
+    def _start(self, collective, send, recv) -> Pending:
         if not is_device_array(recv):
-            collective(send, recv)
-        elif cuda_aware():
+            return Pending(collective(send, recv))
+        if cuda_aware():
             array_module(recv).cuda.get_current_stream().synchronize()
-            collective(send, recv)
-        else:
-            staged_recv = np.empty(recv.shape, recv.dtype)
-            if send is None:
-                staged_recv[...] = recv.get()
-            collective(None if send is None else send.get(), staged_recv)
-            recv.set(staged_recv)
+            return Pending(collective(send, recv))
+        staged_send = None if send is None else send.get()
+        staged_recv = np.empty(recv.shape, recv.dtype)
+        if send is None:
+            staged_recv[...] = recv.get()
+        request = collective(staged_send, staged_recv)
+        return Pending(request, lambda: recv.set(staged_recv), keep=(staged_send,))
+
+
+def _wire(a):
+    """View 2-byte floats as uint16 for MPI; return other buffers unchanged."""
+    if a is None or a.dtype.name not in WIRE_VIEWS:
+        return a
+    return a.view(WIRE_VIEWS[a.dtype.name])

@@ -2,19 +2,37 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
+
+from .precision import PRECISIONS
 from .reduction import REDUCTIONS
 from .stages import STAGES
+
+NONFINITE_POLICIES = ("raise", "skip")
 
 
 @dataclass(frozen=True)
 class ZeroConfig:
-    """ZeRO stage, gradient reduction mode and shard alignment (in elements)."""
+    """ZeRO stage, reduction mode, shard alignment and the step's numerical policies.
+
+    - reduction: ``exact`` (bitwise, order-free) or ``native`` (MPI's float SUM).
+    - align: shard length is a multiple of this many elements.
+    - param_dtype: dtype parameters are held and gathered in (float32, bfloat16, float16).
+    - clip_norm: clip the global gradient norm to this, or None.
+    - on_nonfinite: a NaN/Inf gradient on any rank ``raise``s on every rank, or ``skip``s the step.
+    - overlap: start collectives nonblocking so they overlap computation.
+    """
 
     stage: int = 2
     reduction: str = "exact"
     align: int = 1
+    param_dtype: str = "float32"
+    clip_norm: float | None = None
+    on_nonfinite: str = "raise"
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES or isinstance(self.stage, bool):
@@ -23,3 +41,10 @@ class ZeroConfig:
             raise ValueError(f"reduction must be one of {sorted(REDUCTIONS)}, got {self.reduction!r}")
         if not isinstance(self.align, int) or self.align < 1:
             raise ValueError(f"align must be an int >= 1, got {self.align!r}")
+        dtypes = sorted(p.param_dtype.name for p in PRECISIONS.values())
+        if np.dtype(self.param_dtype).name not in dtypes:
+            raise ValueError(f"param_dtype must be one of {dtypes}, got {self.param_dtype!r}")
+        if self.clip_norm is not None and not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
+            raise ValueError(f"clip_norm must be a positive number or None, got {self.clip_norm!r}")
+        if self.on_nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {self.on_nonfinite!r}")

@@ -1,10 +1,12 @@
 """The ZeRO engine: sharded training state over an MPI communicator.
 
-Each step takes this rank's local gradients (one dict, or a list of dicts for
-several micro-batches), averages them over all ranks through the stage's
-collective, updates the owned range with the optimizer, and makes the new
-parameters available again. ``group`` names every buffer; ``stages`` says
-which are sharded.
+A step averages this rank's local gradients (one dict, or a list of dicts for
+several micro-batches) over all ranks, group by group, through the stage's
+collective; optionally clips by the global norm; updates the owned range with
+the optimizer; and publishes the new parameters. ``group`` names every buffer;
+``stages`` says which are sharded. Layer-wise callers (``trainer``) drive the
+same steps one group at a time: ``gather``/``release`` parameters, then
+``start_reduce`` per group and ``finish_step``.
 """
 
 from __future__ import annotations
@@ -12,22 +14,33 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
-from . import agree
+from . import agree, norm
 from .arrays import array_module, to_host
 from .collectives import Collectives
 from .config import ZeroConfig
 from .exact import max_abs
-from .group import FlatGroup
+from .group import FlatGroup, ParamState
 from .layout import FlatLayout
 from .partition import Partition
 from .reduction import REDUCTIONS
 from .stages import sharding
 
 GRAD_DTYPE = np.dtype(np.float32)
+PARAM_DTYPE = np.dtype(np.float32)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step did: the optimizer steps taken so far, whether it was skipped, the gradient norm."""
+
+    step: int
+    skipped: bool
+    grad_norm: float | None = None
 
 
 class ZeroEngine:
@@ -43,17 +56,19 @@ class ZeroEngine:
         optimizer,
         *,
         comm: MPI.Comm | None = None,
-        stage: int = 2,
-        reduction: str = "exact",
         groups: Sequence[Sequence[str]] | None = None,
-        align: int = 1,
+        **settings,
     ) -> None:
         self.comm = MPI.COMM_WORLD if comm is None else comm
-        self.config = ZeroConfig(stage=stage, reduction=reduction, align=align)
+        self.config = ZeroConfig(**settings)
         self.optimizer = optimizer
         self.reduction = REDUCTIONS[self.config.reduction]
         self.collectives = Collectives(self.comm)
-        self.step_count = 0
+        self.step_count = self.skipped_steps = self.attempts = 0
+        self.peak_gathered_groups = 0
+        self._pending: dict[int, list[int]] = {}
+        self._count = 0
+        self._skipping = False
         group_names = [list(params)] if groups is None else [list(g) for g in groups]
         agree.raise_if_any(self.comm, _check_params(params, group_names), "bad parameters")
         agree.raise_unless_equal(self.comm, self._signature(params, group_names), "the model and settings")
@@ -61,33 +76,54 @@ class ZeroEngine:
         xp = array_module(next(iter(params.values())))
         rank, size = self.comm.Get_rank(), self.comm.Get_size()
         plan = sharding(self.config.stage)
-        self.groups = []
+        self.groups: list[FlatGroup] = []
         for names in group_names:
             layout = FlatLayout.from_shapes({n: params[n].shape for n in names})
             partition = Partition(layout.numel, size, self.config.align)
-            group = FlatGroup(layout, partition, rank, plan, xp, GRAD_DTYPE, params)
+            group = FlatGroup(layout, partition, rank, plan, xp, self.config.param_dtype, params)
             group.init_optimizer(optimizer.state_names)
             self.groups.append(group)
+        self.numel = sum(g.layout.numel for g in self.groups)
+        self._note_gathered()
 
     def _signature(self, params: Mapping, group_names) -> tuple:
         shapes = tuple((n, tuple(a.shape), str(a.dtype)) for n, a in params.items())
         return (shapes, tuple(map(tuple, group_names)), self.config, repr(self.optimizer))
 
+    # Parameters -----------------------------------------------------------
+
     @contextlib.contextmanager
     def gathered(self) -> Iterator[dict]:
         """Yield the full parameters by name (read-only); at stage 3 they are freed on exit."""
-        views = {}
         try:
-            for group in self.groups:
-                views.update(group.gather(self.collectives))
+            views = {}
+            for index in range(len(self.groups)):
+                views.update(self.gather(index))
             for view in views.values():
                 _make_read_only(view)
             yield views
         finally:
-            for group in self.groups:
-                group.release()
+            for index in range(len(self.groups)):
+                self.release(index)
 
-    def step(self, contributions: Mapping | Sequence[Mapping]) -> None:
+    def gather(self, index: int, blocking: bool = True) -> dict:
+        """Gather group ``index``'s full params (stage 3); return its views by name once complete."""
+        group = self.groups[index]
+        group.gather(self.collectives, blocking=blocking or not self.config.overlap)
+        self._note_gathered()
+        return group.views() if group.state is ParamState.UNSHARDED else {}
+
+    def release(self, index: int) -> None:
+        """Free group ``index``'s full params if the stage keeps only shards."""
+        self.groups[index].release()
+
+    def _note_gathered(self) -> None:
+        gathered = sum(g.state is not ParamState.SHARDED for g in self.groups if g.sharding.params)
+        self.peak_gathered_groups = max(self.peak_gathered_groups, gathered)
+
+    # Gradients and updates ------------------------------------------------
+
+    def step(self, contributions: Mapping | Sequence[Mapping]) -> StepResult:
         """Average this step's gradients over all ranks and update the parameters.
 
         ``contributions``: this rank's local gradients, a dict by parameter name
@@ -96,57 +132,102 @@ class ZeroEngine:
         """
         if isinstance(contributions, Mapping):
             contributions = [contributions]
-        self.step_count += 1
-        problem = self._check_contributions(contributions)
-        stats = self._agree_on_stats(contributions, problem)
-        count = int(stats[:, 0].sum())
-        if count == 0:
-            raise agree.ZeroError(f"step {self.step_count}: no rank handed in any gradients")
-        for index, group in enumerate(self.groups):
-            column = stats[:, 2 + index]
-            bad_ranks = [r for r, v in enumerate(column) if not np.isfinite(v)]
-            if bad_ranks:
-                raise agree.ZeroError(
-                    f"step {self.step_count}: non-finite gradient in group {index} on ranks {bad_ranks}"
-                )
-            scale = self.reduction.scale_for(float(column.max()), count)
-            group.reduce(self.collectives, self.reduction, contributions, scale, count)
-            group.update(self.optimizer, self.step_count)
-            group.publish(self.collectives)
+        for index in range(len(self.groups)):
+            self.start_reduce(index, contributions)
+        return self.finish_step()
 
-    def _check_contributions(self, contributions) -> str | None:
-        if not isinstance(contributions, Sequence):
-            return f"gradients must be a dict or a list of dicts, got {type(contributions).__name__}"
-        for i, grads in enumerate(contributions):
-            for group in self.groups:
-                for spec in group.layout.specs:
-                    g = grads.get(spec.name) if isinstance(grads, Mapping) else None
-                    if g is None:
-                        return f"contribution {i} has no gradient for {spec.name!r}"
-                    if not hasattr(g, "dtype") or not hasattr(g, "shape"):
-                        return f"contribution {i}: gradient {spec.name!r} is a {type(g).__name__}, not an array"
-                    if tuple(g.shape) != spec.shape or g.dtype != GRAD_DTYPE:
-                        return (
-                            f"contribution {i}: gradient {spec.name!r} is {g.dtype}{list(g.shape)}, "
-                            f"expected {GRAD_DTYPE}{list(spec.shape)}"
-                        )
-        return None
-
-    def _agree_on_stats(self, contributions, problem: str | None) -> np.ndarray:
-        """Allgather [count, problem flag, max |g| per group] from every rank."""
-        local = np.zeros(2 + len(self.groups))
+    def start_reduce(self, index: int, contributions: Sequence[Mapping]) -> None:
+        """Agree on group ``index``'s scales with all ranks, encode, and start its gradient collective."""
+        if not self._pending and not self._skipping:
+            self.attempts += 1
+        if self._skipping:
+            return
+        group = self.groups[index]
+        problem = self._check_contributions(group, contributions)
+        local = np.zeros(2 + len(group.layout.specs))
         local[0], local[1] = len(contributions), problem is not None
         if problem is None:
-            for index, group in enumerate(self.groups):
-                local[2 + index] = max(
-                    (max_abs(grads[s.name]) for grads in contributions for s in group.layout.specs),
-                    default=0.0,
-                )
+            for column, spec in enumerate(group.layout.specs, start=2):
+                local[column] = max((max_abs(grads[spec.name]) for grads in contributions), default=0.0)
         stats = np.empty((self.comm.Get_size(), local.size))
         self.comm.Allgather(local, stats)
         if stats[:, 1].any():
-            agree.raise_if_any(self.comm, problem, f"step {self.step_count}: bad gradients")
-        return stats
+            self._abandon()
+            agree.raise_if_any(self.comm, problem, f"step {self.attempts}: bad gradients")
+        self._count = int(stats[:, 0].sum())
+        if self._count == 0:
+            self._abandon()
+            raise agree.ZeroError(f"step {self.attempts}: no rank handed in any gradients")
+        bad_ranks = [r for r in range(stats.shape[0]) if not np.isfinite(stats[r, 2:]).all()]
+        if bad_ranks:
+            self._on_nonfinite(index, bad_ranks)
+            return
+        scales = [self.reduction.scale_for(float(m), self._count) for m in stats[:, 2:].max(axis=0)]
+        group.start_reduce(self.collectives, self.reduction, contributions, scales, blocking=not self.config.overlap)
+        self._pending[index] = scales
+
+    def _on_nonfinite(self, index: int, bad_ranks: list[int]) -> None:
+        message = f"step {self.attempts}: non-finite gradient in group {index} on ranks {bad_ranks}"
+        self._abandon()
+        if self.config.on_nonfinite == "raise":
+            raise agree.ZeroError(message)
+        self._skipping = True
+
+    def _abandon(self) -> None:
+        """Complete every in-flight gradient collective without using it."""
+        for index in self._pending:
+            self.groups[index].abandon_reduce()
+        self._pending.clear()
+
+    def finish_step(self) -> StepResult:
+        """Finish every group's reduction, clip, update and publish; or skip the step if agreed."""
+        if self._skipping:
+            self._skipping = False
+            self.skipped_steps += 1
+            return StepResult(self.step_count, skipped=True)
+        if sorted(self._pending) != list(range(len(self.groups))):
+            missing = sorted(set(range(len(self.groups))) - set(self._pending))
+            self._abandon()
+            raise agree.ZeroError(f"step {self.attempts}: groups {missing} were never reduced")
+        for index, scales in self._pending.items():
+            self.groups[index].finish_reduce(self.reduction, scales, self._count)
+        self._pending.clear()
+        grad_norm = self._clip() if self.config.clip_norm is not None else None
+        self.step_count += 1
+        for group in self.groups:
+            group.update(self.optimizer, self.step_count)
+            group.publish(self.collectives)
+        return StepResult(self.step_count, skipped=False, grad_norm=grad_norm)
+
+    def _clip(self) -> float:
+        """Scale every grad shard so the global gradient norm is at most ``clip_norm``; return the norm."""
+        pieces = [g.grad_shard for g in self.groups]
+        sharded = self.groups[0].sharding.optimizer
+        grad_norm = norm.global_norm(pieces, self.numel, self.comm if sharded else None)
+        factor = norm.clip_factor(grad_norm, self.config.clip_norm)
+        if factor is not None:
+            for piece in pieces:
+                piece *= np.float32(factor)
+        return grad_norm
+
+    def _check_contributions(self, group: FlatGroup, contributions) -> str | None:
+        if not isinstance(contributions, Sequence):
+            return f"gradients must be a dict or a list of dicts, got {type(contributions).__name__}"
+        for i, grads in enumerate(contributions):
+            for spec in group.layout.specs:
+                g = grads.get(spec.name) if isinstance(grads, Mapping) else None
+                if g is None:
+                    return f"contribution {i} has no gradient for {spec.name!r}"
+                if not hasattr(g, "dtype") or not hasattr(g, "shape"):
+                    return f"contribution {i}: gradient {spec.name!r} is a {type(g).__name__}, not an array"
+                if tuple(g.shape) != spec.shape or g.dtype != GRAD_DTYPE:
+                    return (
+                        f"contribution {i}: gradient {spec.name!r} is {g.dtype}{list(g.shape)}, "
+                        f"expected {GRAD_DTYPE}{list(spec.shape)}"
+                    )
+        return None
+
+    # Reports --------------------------------------------------------------
 
     def master_params(self) -> dict[str, np.ndarray]:
         """Return the full float32 master parameters by name on every rank (host arrays)."""
@@ -181,7 +262,7 @@ def _check_params(params: Mapping, group_names) -> str | None:
     if sorted(listed) != sorted(params):
         return f"groups must list every parameter exactly once, got {listed} for {list(params)}"
     for name, a in params.items():
-        if getattr(a, "dtype", None) != GRAD_DTYPE:
+        if getattr(a, "dtype", None) != PARAM_DTYPE:
             return f"parameter {name!r} must be float32, got {getattr(a, 'dtype', type(a).__name__)}"
         if a.size == 0:
             return f"parameter {name!r} has no elements (shape {tuple(a.shape)})"

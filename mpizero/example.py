@@ -60,7 +60,7 @@ def run(args, comm) -> int:
     expected = naive.params["params"]
     match = gathered.tobytes() == expected.tobytes()
     if rank == 0:
-        averaged = naive.average([{"params": g} for g in LOCAL_GRADS], ["params"])["params"]
+        averaged = naive.average([{"params": g} for g in LOCAL_GRADS])["params"]
         print_table(args.stage, size, group.partition, averaged, shards, gathered, expected, match)
     return 0 if comm.allreduce(match, op=MPI.LAND) else 1
 

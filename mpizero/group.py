@@ -2,7 +2,8 @@
 
 Glossary (these names and no others):
 
-- full params: the group's padded flat parameter buffer (padded numel).
+- full params: the group's padded flat parameter buffer (padded numel), in the
+  param dtype (float32, bfloat16 or float16).
 - param shard: this rank's block of the full params. At stages 0-2 it is a view
   into the full params; at stage 3 it is the only parameter buffer kept, and the
   full params exist only between ``gather`` and ``release``.
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import enum
 
+import numpy as np
+
 from .layout import FlatLayout
 from .partition import Partition
 from .stages import Sharding
@@ -30,6 +33,7 @@ class ParamState(enum.Enum):
     """Whether this group's full params exist on this rank right now."""
 
     SHARDED = "sharded"
+    GATHERING = "gathering"
     UNSHARDED = "unsharded"
 
 
@@ -38,24 +42,24 @@ class FlatGroup:
 
     def __init__(
         self, layout: FlatLayout, partition: Partition, rank: int, sharding: Sharding, xp, param_dtype, initial
-    ) -> None:
+    ):
         self.layout, self.partition, self.rank, self.sharding = layout, partition, rank, sharding
-        self.xp, self.param_dtype = xp, param_dtype
-        full = xp.zeros(partition.padded_numel, dtype=xp.float32)
+        self.xp, self.param_dtype = xp, np.dtype(param_dtype)
+        full = xp.zeros(partition.padded_numel, dtype=np.float32)
         for name, view in layout.views(full).items():
             view[...] = initial[name]
         start, stop = self.owned_range
         self.master_shard = full[start:stop].copy()
         self.optimizer_state: dict = {}
-        self.grad_shard = xp.zeros(stop - start, dtype=xp.float32)
-        self.local_grads = None
+        self.grad_shard = xp.zeros(stop - start, dtype=np.float32)
+        self.local_grads = self.reduced = self.pending_reduce = self.pending_gather = None
         shard_start, shard_stop = partition.shard_range(rank)
         if sharding.params:
             self.full_params = None
-            self.param_shard = full[shard_start:shard_stop].astype(param_dtype)
+            self.param_shard = full[shard_start:shard_stop].astype(self.param_dtype)
             self.state = ParamState.SHARDED
         else:
-            self.full_params = full.astype(param_dtype)
+            self.full_params = full.astype(self.param_dtype)
             self.param_shard = self.full_params[shard_start:shard_stop]
             self.state = ParamState.UNSHARDED
 
@@ -65,34 +69,73 @@ class FlatGroup:
             return self.partition.shard_range(self.rank)
         return 0, self.partition.padded_numel
 
+    def owned_segments(self) -> list[tuple[int, int, int]]:
+        """Return ``(tensor index, start, stop)`` of each tensor's piece of the owned range (owned-relative)."""
+        start, stop = self.owned_range
+        pieces = []
+        for index, spec in enumerate(self.layout.specs):
+            lo, hi = max(start, spec.offset), min(stop, spec.stop)
+            if lo < hi:
+                pieces.append((index, lo - start, hi - start))
+        return pieces
+
     def init_optimizer(self, state_names) -> None:
         self.optimizer_state = {n: self.xp.zeros_like(self.master_shard) for n in state_names}
 
-    def gather(self, collectives) -> dict:
-        """Make the full params exist (all-gather at stage 3); return read-only views by name."""
+    def gather(self, collectives, blocking: bool = True) -> None:
+        """Start making the full params exist (all-gather at stage 3); finish at once if blocking."""
         if self.state is ParamState.SHARDED:
             self.full_params = self.xp.empty(self.partition.padded_numel, dtype=self.param_dtype)
-            collectives.allgather(self.param_shard, self.full_params)
+            self.pending_gather = collectives.allgather(self.param_shard, self.full_params, blocking=False)
+            self.state = ParamState.GATHERING
+        if blocking:
+            self._finish_gather()
+
+    def _finish_gather(self) -> None:
+        if self.state is ParamState.GATHERING:
+            self.pending_gather.wait()
+            self.pending_gather = None
             self.state = ParamState.UNSHARDED
+
+    def views(self) -> dict:
+        """Return the full params by tensor name; they must have been gathered."""
+        if self.state is not ParamState.UNSHARDED:
+            raise RuntimeError(f"full params are {self.state.value}, not gathered")
         return self.layout.views(self.full_params)
 
     def release(self) -> None:
         """Free the full params again when only the shard is to be kept (stage 3)."""
-        if self.sharding.params:
+        if self.sharding.params and self.state is not ParamState.SHARDED:
+            self._finish_gather()  # MPI may still be writing into the buffer
             self.full_params = None
             self.state = ParamState.SHARDED
 
-    def reduce(self, collectives, reduction, contributions, scale: int, count: int) -> None:
-        """Turn this rank's contributions into the averaged grad shard."""
+    def start_reduce(self, collectives, reduction, contributions, scales, blocking: bool) -> None:
+        """Encode this rank's contributions and start the gradient collective."""
         if self.local_grads is None:
             self.local_grads = self.xp.empty(self.partition.padded_numel, dtype=reduction.wire_dtype)
-        reduction.encode(self.local_grads, contributions, self.layout.specs, scale)
-        reduced = self.xp.empty(self.grad_shard.shape, dtype=reduction.wire_dtype)
+        reduction.encode(self.local_grads, contributions, self.layout.specs, scales)
+        self.reduced = self.xp.empty(self.grad_shard.shape, dtype=reduction.wire_dtype)
         if self.sharding.gradient_collective == "reduce_scatter":
-            collectives.reduce_scatter(self.local_grads, reduced)
+            self.pending_reduce = collectives.reduce_scatter(self.local_grads, self.reduced, blocking)
         else:
-            collectives.allreduce(self.local_grads, reduced)
-        reduction.decode(reduced, scale, count, self.grad_shard)
+            self.pending_reduce = collectives.allreduce(self.local_grads, self.reduced, blocking)
+
+    def finish_reduce(self, reduction, scales, count: int) -> None:
+        """Wait for the gradient collective and decode the averaged grad shard."""
+        self.pending_reduce.wait()
+        self.grad_shard[...] = 0
+        for index, lo, hi in self.owned_segments():
+            reduction.decode(self.reduced[lo:hi], scales[index], count, self.grad_shard[lo:hi])
+        self.reduced = self.pending_reduce = None
+        if self.sharding.grads:
+            self.local_grads = None
+
+    def abandon_reduce(self) -> None:
+        """Complete an in-flight gradient collective without using its result (a skipped step)."""
+        if self.pending_reduce is not None:
+            self.pending_reduce.wait()
+        self.reduced = self.pending_reduce = None
         if self.sharding.grads:
             self.local_grads = None
 

@@ -1,9 +1,10 @@
 """How local gradients become the averaged gradient: ``exact`` or ``native``.
 
-``exact`` sums int64 fixed-point values (see ``exact``): the result is the same
-bits whatever order MPI adds in and whatever the number of ranks. ``native``
-sums float32 with MPI's own SUM: fastest, but MPI's order of additions changes
-the low bits, so it is checked against the reference with a tolerance.
+``exact`` sums int64 fixed-point values (see ``exact``) with one power-of-two
+scale per tensor and step: the result is the same bits whatever order MPI adds
+in, however tensors are grouped into buckets or units, and whatever the number
+of ranks. ``native`` sums float32 with MPI's own SUM: fastest, but MPI's order
+of additions changes the low bits, so it is checked with a tolerance.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from . import exact
 
 
 class ExactReduction:
-    """Fixed-point sum with one power-of-two scale per group and step."""
+    """Fixed-point sum with one power-of-two scale per tensor and step."""
 
     name = "exact"
     wire_dtype = np.dtype(np.int64)
@@ -23,10 +24,10 @@ class ExactReduction:
     def scale_for(self, max_abs: float, count: int) -> int:
         return exact.exponent_for(max_abs, count)
 
-    def encode(self, local, contributions, specs, scale: int) -> None:
+    def encode(self, local, contributions, specs, scales) -> None:
         """Write the sum of this rank's fixed-point contributions into ``local``."""
         local[specs[-1].stop :] = 0
-        for spec in specs:
+        for spec, scale in zip(specs, scales):
             sources = [grads[spec.name].reshape(-1) for grads in contributions]
             exact.sum_into(local[spec.offset : spec.stop], sources, scale)
 
@@ -44,7 +45,7 @@ class NativeReduction:
     def scale_for(self, max_abs: float, count: int) -> int:
         return 0
 
-    def encode(self, local, contributions, specs, scale: int) -> None:
+    def encode(self, local, contributions, specs, scales) -> None:
         local[specs[-1].stop :] = 0
         for spec in specs:
             view = local[spec.offset : spec.stop]

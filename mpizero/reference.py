@@ -1,8 +1,9 @@
 """The single-rank reference: plain data-parallel training, no MPI, no sharding.
 
-It receives every contribution of every simulated rank, averages them the way
-the chosen reduction defines the average, and applies the optimizer to the full
-vector of each tensor. Every distributed result is compared with it bit for bit.
+It receives every contribution of every simulated rank, averages each tensor
+the way the chosen reduction defines the average, optionally clips by the
+global norm, and applies the optimizer to each full tensor. Every distributed
+result is compared with it bit for bit.
 """
 
 from __future__ import annotations
@@ -11,40 +12,63 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from . import exact
+from . import exact, norm
 
 
 class Reference:
-    """Full float32 parameters and optimizer state, updated one tensor at a time."""
+    """Full float32 master parameters and optimizer state, updated one tensor at a time."""
 
-    def __init__(self, params: Mapping, optimizer, reduction: str = "exact", groups=None) -> None:
+    def __init__(
+        self,
+        params: Mapping,
+        optimizer,
+        reduction: str = "exact",
+        *,
+        param_dtype: str = "float32",
+        clip_norm: float | None = None,
+        on_nonfinite: str = "raise",
+    ) -> None:
         self.params = {name: np.array(a, dtype=np.float32) for name, a in params.items()}
-        self.optimizer = optimizer
-        self.reduction = reduction
-        self.groups = [list(params)] if groups is None else [list(g) for g in groups]
+        self.optimizer, self.reduction = optimizer, reduction
+        self.param_dtype, self.clip_norm, self.on_nonfinite = np.dtype(param_dtype), clip_norm, on_nonfinite
         self.state = {n: {s: np.zeros_like(p) for s in optimizer.state_names} for n, p in self.params.items()}
-        self.step_count = 0
+        self.step_count = self.skipped_steps = 0
 
-    def step(self, contributions: Sequence[Mapping]) -> None:
-        """Average all ranks' contributions and update every tensor."""
+    def compute_params(self) -> dict[str, np.ndarray]:
+        """The parameters every rank computes with: the master rounded to the param dtype, as float32."""
+        return {n: p.astype(self.param_dtype).astype(np.float32) for n, p in self.params.items()}
+
+    def step(self, contributions: Sequence[Mapping]) -> bool:
+        """Average all ranks' contributions and update every tensor; return False if the step was skipped."""
+        if not all(np.isfinite(c[n]).all() for c in contributions for n in self.params):
+            if self.on_nonfinite == "raise":
+                raise FloatingPointError("non-finite gradient")
+            self.skipped_steps += 1
+            return False
+        grads = self.average(contributions)
+        if self.clip_norm is not None:
+            grad_norm = norm.global_norm(list(grads.values()), sum(g.size for g in grads.values()))
+            factor = norm.clip_factor(grad_norm, self.clip_norm)
+            for g in grads.values():
+                g *= np.float32(1.0 if factor is None else factor)
         self.step_count += 1
-        for names in self.groups:
-            grads = self.average(contributions, names)
-            for name in names:
-                self.optimizer.update(self.params[name], grads[name], self.state[name], self.step_count)
+        for name, grad in grads.items():
+            self.optimizer.update(self.params[name], grad, self.state[name], self.step_count)
+        return True
 
-    def average(self, contributions: Sequence[Mapping], names) -> dict[str, np.ndarray]:
-        """Return the mean gradient of one group's tensors over all contributions."""
+    def average(self, contributions: Sequence[Mapping]) -> dict[str, np.ndarray]:
+        """Return each tensor's mean gradient over all contributions."""
         count = len(contributions)
-        if self.reduction == "native":
-            return {n: _fold(c[n] for c in contributions) / np.float32(count) for n in names}
-        largest = max(exact.max_abs(c[n]) for c in contributions for n in names)
-        scale = exact.exponent_for(largest, count)
         result = {}
-        for name in names:
-            total = np.empty(contributions[0][name].size, dtype=np.int64)
-            exact.sum_into(total, [c[name].reshape(-1) for c in contributions], scale)
-            result[name] = np.empty(contributions[0][name].shape, dtype=np.float32)
+        for name, param in self.params.items():
+            sources = [np.asarray(c[name], dtype=np.float32).reshape(-1) for c in contributions]
+            if self.reduction == "native":
+                result[name] = (_fold(sources) / np.float32(count)).reshape(param.shape)
+                continue
+            scale = exact.exponent_for(max(exact.max_abs(s) for s in sources), count)
+            total = np.empty(param.size, dtype=np.int64)
+            exact.sum_into(total, sources, scale)
+            result[name] = np.empty(param.shape, dtype=np.float32)
             exact.decode(total, scale, count, result[name])
         return result
 

@@ -34,7 +34,7 @@ def expect_error(fn, *fragments):
 def train(stage, optimizer, reduction="exact", steps=4):
     params = MODEL.init(1)
     engine = ZeroEngine(params, optimizer, comm=comm, stage=stage, reduction=reduction, groups=GROUPS)
-    reference = Reference(params, optimizer, reduction=reduction, groups=GROUPS)
+    reference = Reference(params, optimizer, reduction=reduction)
     mine = split_evenly(MICRO_BATCHES, size, rank)
     for step in range(1, steps + 1):
         batches = [regression_batch(MODEL.widths, 1, step, m, 6) for m in range(MICRO_BATCHES)]

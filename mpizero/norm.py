@@ -1,0 +1,54 @@
+"""The global gradient norm, computed exactly so it does not depend on sharding.
+
+Each squared element (exact in float64) is turned into int64 fixed point with
+one power-of-two scale chosen from the largest square and the element count,
+and the integers are summed: the same total however the vector is split over
+ranks. Used for clipping by global norm.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from mpi4py import MPI
+
+from . import exact
+from .arrays import array_module
+
+
+def squares_exponent(max_abs: float, numel: int) -> int:
+    """Return k such that ``numel`` squares of magnitude <= max_abs**2, scaled by 2**k, sum below 2**62."""
+    return exact.exponent_for(max_abs * max_abs, max(numel, 1))
+
+
+def fixed_point_squares(pieces, k: int) -> int:
+    """Return ``sum(rint(x**2 * 2**k))`` over every element of ``pieces`` as a Python int."""
+    total = 0
+    for x in pieces:
+        xp = array_module(x)
+        wide = x.astype(np.float64)
+        wide *= wide
+        wide *= math.ldexp(1.0, k)
+        total += int(xp.rint(wide).astype(np.int64).sum())
+    return total
+
+
+def global_norm(pieces, numel: int, comm=None) -> float:
+    """Return the L2 norm of the vector whose pieces are spread over ``comm`` (None: all here)."""
+    largest = max((exact.max_abs(x) for x in pieces), default=0.0)
+    if comm is not None:
+        largest = comm.allreduce(largest, op=MPI.MAX)
+    if not math.isfinite(largest):
+        return math.inf
+    k = squares_exponent(largest, numel)
+    total = fixed_point_squares(pieces, k)
+    if comm is not None:
+        total = comm.allreduce(total, op=MPI.SUM)
+    return math.sqrt(math.ldexp(float(total), -k))
+
+
+def clip_factor(norm: float, max_norm: float) -> float | None:
+    """Return the factor that brings ``norm`` down to ``max_norm`` (as torch does), or None if within."""
+    factor = max_norm / (norm + 1e-6)
+    return factor if factor < 1.0 else None
