@@ -1,9 +1,7 @@
-"""A NumPy MLP with hand-written backward: a sequence of dense units.
+"""A NumPy MLP with hand-written backward: a sequence of dense ReLU units.
 
-Each unit has ``forward(x, params) -> (out, cache)`` and
-``backward(dout, cache, params) -> (dx, grads)``; the tests check every
-backward against finite differences. ReLU keeps every operation exactly
-rounded, so a gradient depends only on its inputs, not on array alignment.
+ReLU keeps every operation exactly rounded, so a gradient depends only on its
+inputs. The tests check every backward against finite differences.
 """
 
 from __future__ import annotations
@@ -11,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from .model import mean_squared_error, param_shapes, softmax_cross_entropy
 
 
 @dataclass(frozen=True)
@@ -40,41 +40,29 @@ class Dense:
 
 @dataclass(frozen=True)
 class MLP:
-    """Dense ReLU units of the given widths, trained with mean squared error."""
+    """Dense ReLU units of the given widths; ``mse`` regression or ``xent`` classification loss."""
 
     widths: tuple[int, ...]
+    objective: str = "mse"
 
     @property
     def units(self) -> list[Dense]:
         last = len(self.widths) - 2
         return [Dense(f"l{i}", a, b, i < last) for i, (a, b) in enumerate(zip(self.widths, self.widths[1:]))]
 
-    def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {k: v for unit in self.units for k, v in unit.param_shapes().items()}
-
     def init(self, seed: int) -> dict[str, np.ndarray]:
         """He-initialised float32 weights and zero biases, the same on every rank."""
         rng = np.random.default_rng([seed, 0])
         params = {}
-        for name, shape in self.param_shapes().items():
+        for name, shape in param_shapes(self).items():
             scale = np.sqrt(2.0 / shape[0]) if len(shape) == 2 else 0.0
             params[name] = (rng.standard_normal(shape) * scale).astype(np.float32)
         return params
 
-    def loss_and_grads(self, params, x, y):
-        """Return the mean squared error and its gradient for each parameter."""
-        caches, out = [], x
-        for unit in self.units:
-            out, cache = unit.forward(out, params)
-            caches.append(cache)
-        diff = out - y
-        loss = float(np.mean(diff * diff))
-        dout = diff * np.float32(2.0 / diff.size)
-        grads = {}
-        for unit, cache in zip(reversed(self.units), reversed(caches)):
-            dout, unit_grads = unit.backward(dout, cache, params)
-            grads.update(unit_grads)
-        return loss, grads
+    def loss(self, out, target):
+        if self.objective == "xent":
+            return softmax_cross_entropy(out, target)
+        return mean_squared_error(out, target)
 
 
 def regression_batch(widths: tuple[int, ...], seed: int, step: int, micro_batch: int, size: int):

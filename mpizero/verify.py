@@ -14,6 +14,7 @@ from mpi4py import MPI
 from .arrays import to_host
 from .engine import ZeroEngine
 from .mlp import MLP, regression_batch
+from .model import forward_backward
 from .optim import OPTIMIZERS
 from .partition import split_evenly
 from .reference import Reference
@@ -85,8 +86,8 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
     for step in range(1, args.steps + 1):
         batches = [regression_batch(WIDTHS, args.seed, step, m, args.batch) for m in range(micro_batches)]
         with engine.gathered() as full:
-            engine.step([model.loss_and_grads(full, *batches[m])[1] for m in mine])
-        reference.step([model.loss_and_grads(reference.params, *b)[1] for b in batches])
+            engine.step([forward_backward(model, full, *batches[m])[1] for m in mine])
+        reference.step([forward_backward(model, reference.params, *b)[1] for b in batches])
         if args.perturb_rank == rank and step == 1:
             shard = engine.groups[0].master_shard
             shard[0] = np.nextafter(shard[0], np.float32(np.inf))

@@ -13,6 +13,7 @@ from mpi4py import MPI
 from mpizero import SGD, Adam, Reference, ZeroEngine, ZeroError, split_evenly
 from mpizero.collectives import Collectives
 from mpizero.mlp import MLP, regression_batch
+from mpizero.model import forward_backward
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -39,8 +40,8 @@ def train(stage, optimizer, reduction="exact", steps=4):
     for step in range(1, steps + 1):
         batches = [regression_batch(MODEL.widths, 1, step, m, 6) for m in range(MICRO_BATCHES)]
         with engine.gathered() as full:
-            engine.step([MODEL.loss_and_grads(full, *batches[m])[1] for m in mine])
-        reference.step([MODEL.loss_and_grads(reference.params, *b)[1] for b in batches])
+            engine.step([forward_backward(MODEL, full, *batches[m])[1] for m in mine])
+        reference.step([forward_backward(MODEL, reference.params, *b)[1] for b in batches])
     return engine, reference
 
 
