@@ -1,4 +1,4 @@
-"""Command line: ``mpiexec -n N python -m mpizero {example,verify} [options]``.
+"""Command line: ``mpiexec -n N python -m mpizero {example,verify,train} [options]``.
 
 One rank works too: ``python -m mpizero verify``. An error every rank agreed on
 is printed once and exits with status 2; any other exception on any rank prints
@@ -7,21 +7,20 @@ that rank's traceback and aborts the whole job, so no rank waits forever.
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
+import traceback
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")  # one BLAS thread per rank: reproducible and not oversubscribed
+from mpi4py import MPI
+from threadpoolctl import threadpool_limits
 
-import argparse  # noqa: E402
-import sys  # noqa: E402
-import traceback  # noqa: E402
+from . import example, train, verify
+from .agree import ZeroError
 
-from mpi4py import MPI  # noqa: E402
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
-from . import example, verify  # noqa: E402
-from .agree import ZeroError  # noqa: E402
-
-COMMANDS = {"example": example, "verify": verify}
+COMMANDS = {"example": example, "verify": verify, "train": train}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, module in COMMANDS.items():
         module.add_arguments(commands.add_parser(name, help=module.__doc__.splitlines()[0]))
     args = parser.parse_args(argv)
+    if not any(v in os.environ for v in THREAD_VARIABLES):
+        threadpool_limits(limits=1)  # one BLAS thread per rank: reproducible, and cores not oversubscribed
     comm = MPI.COMM_WORLD
     try:
         return COMMANDS[args.command].run(args, comm)

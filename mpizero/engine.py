@@ -69,7 +69,8 @@ class ZeroEngine:
         self._pending: dict[int, list[int]] = {}
         self._count = 0
         self._skipping = False
-        group_names = [list(params)] if groups is None else [list(g) for g in groups]
+        self.names = list(params)
+        group_names = [self.names] if groups is None else [list(g) for g in groups]
         agree.raise_if_any(self.comm, _check_params(params, group_names), "bad parameters")
         agree.raise_unless_equal(self.comm, self._signature(params, group_names), "the model and settings")
         agree.raise_unless_equal(self.comm, _digest(params), "initial parameter values")
@@ -101,7 +102,7 @@ class ZeroEngine:
                 views.update(self.gather(index))
             for view in views.values():
                 _make_read_only(view)
-            yield views
+            yield {name: views[name] for name in self.names}
         finally:
             for index in range(len(self.groups)):
                 self.release(index)
@@ -239,7 +240,7 @@ class ZeroEngine:
             shard = to_host(group.master_shard[owned_start : owned_start + stop - start])
             self.comm.Allgather(np.ascontiguousarray(shard), full)
             result.update({k: v.copy() for k, v in group.layout.views(full).items()})
-        return result
+        return {name: result[name] for name in self.names}
 
     def memory(self) -> dict[str, int]:
         """Bytes this rank holds now, by kind: params, grads, master, optimizer, comm."""

@@ -11,22 +11,26 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .arrays import to_host
+from .arrays import bits, to_host
 from .engine import ZeroEngine
 from .mlp import MLP, regression_batch
-from .model import forward_backward
 from .optim import OPTIMIZERS
-from .partition import split_evenly
+from .precision import PRECISIONS, LossScaler
 from .reference import Reference
-from .stages import STAGES
+from .stages import STAGES, sharding
+from .trainer import Trainer, make_groups, reference_step
+from .transformer import Transformer
 
 WIDTHS = (13, 31, 29, 5)
+VOCAB = 11
 NATIVE_TOLERANCE = 1e-4
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stage", default="all", choices=[*map(str, STAGES), "all"])
+    parser.add_argument("--model", default="mlp", choices=["mlp", "transformer"])
     parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZERS))
+    parser.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS))
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reduction", default="exact", choices=["exact", "native"])
@@ -34,7 +38,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--micro-batches", type=int, default=None, help="global micro-batches per step (default: one per rank)"
     )
     parser.add_argument("--batch", type=int, default=8, help="samples per micro-batch")
+    parser.add_argument("--clip-norm", type=float, default=1.0, help="0 disables clipping")
+    parser.add_argument("--bucket-elems", type=int, default=500, help="stages 0-2: elements per gradient bucket")
     parser.add_argument("--perturb-rank", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def build_model(name: str):
+    """The verify models: a regression MLP with awkward widths, or a small transformer."""
+    return MLP(WIDTHS) if name == "mlp" else Transformer(vocab=VOCAB, block_size=8, width=16, heads=2, n_layer=2)
+
+
+def synthetic_batch(model, seed: int, step: int, micro_batch: int, size: int):
+    """Data generated from the seed, keyed by step and micro-batch (never by rank)."""
+    if isinstance(model, MLP):
+        return regression_batch(WIDTHS, seed, step, micro_batch, size)
+    rng = np.random.default_rng([seed, 5, step, micro_batch])
+    tokens = rng.integers(0, VOCAB, size=(size, model.block_size + 1))
+    return tokens[:, :-1], tokens[:, 1:]
 
 
 @dataclass(frozen=True)
@@ -74,20 +94,27 @@ def run(args, comm) -> int:
 
 
 def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
-    model = MLP(WIDTHS)
     rank, size = comm.Get_rank(), comm.Get_size()
+    model = build_model(args.model)
     micro_batches = size if args.micro_batches is None else args.micro_batches
     params = model.init(args.seed)
     optimizer = make_optimizer(args.optimizer)
-    engine = ZeroEngine(params, optimizer, comm=comm, stage=stage, reduction=args.reduction)
-    reference = Reference(params, optimizer, reduction=args.reduction)
-    mine = split_evenly(micro_batches, size, rank)
+    precision = PRECISIONS[args.precision]
+    numerics = dict(
+        param_dtype=precision.param_dtype.name,
+        clip_norm=args.clip_norm or None,
+        on_nonfinite="skip" if precision.loss_scaling else "raise",
+    )
+    groups = make_groups(model, sharding(stage).params, args.bucket_elems)
+    engine = ZeroEngine(params, optimizer, comm=comm, groups=groups, stage=stage, reduction=args.reduction, **numerics)
+    trainer = Trainer(model, engine, precision)
+    reference = Reference(params, optimizer, args.reduction, **numerics)
+    scaler = LossScaler() if precision.loss_scaling else None
     worst, first_mismatch = 0.0, None
     for step in range(1, args.steps + 1):
-        batches = [regression_batch(WIDTHS, args.seed, step, m, args.batch) for m in range(micro_batches)]
-        with engine.gathered() as full:
-            engine.step([forward_backward(model, full, *batches[m])[1] for m in mine])
-        reference.step([forward_backward(model, reference.params, *b)[1] for b in batches])
+        batches = [synthetic_batch(model, args.seed, step, m, args.batch) for m in range(micro_batches)]
+        trainer.step(batches.__getitem__, micro_batches)
+        reference_step(model, reference, batches, precision, scaler)
         if args.perturb_rank == rank and step == 1:
             shard = engine.groups[0].master_shard
             shard[0] = np.nextafter(shard[0], np.float32(np.inf))
@@ -95,7 +122,10 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
             first_mismatch = first_mismatch or compare_bits(step, rank, engine, reference)
         else:
             worst = max(worst, relative_difference(engine, reference))
-    head = f"stage {stage}  ranks {size}  steps {args.steps}  optimizer {args.optimizer}  reduction {args.reduction}:"
+    head = (
+        f"stage {stage}  ranks {size}  steps {args.steps}  model {args.model}  optimizer {args.optimizer}  "
+        f"{args.precision}  reduction {args.reduction}:"
+    )
     if not engine.reduction.bitwise:
         worst = comm.allreduce(worst, op=MPI.MAX)
         ok = worst <= NATIVE_TOLERANCE
@@ -134,9 +164,13 @@ def flatten(group, tensors) -> np.ndarray:
 
 
 def compare_bits(step: int, rank: int, engine, reference) -> Mismatch | None:
+    """Return the first element whose raw bytes differ from the reference, or None."""
     for what, group, start, mine, expected in compared_pairs(engine, reference):
         mine = to_host(mine)
-        differ = np.flatnonzero(mine.view(np.uint32) != expected.view(np.uint32))
+        expected = expected.astype(mine.dtype)
+        differ = np.flatnonzero(
+            (bits(mine).reshape(mine.size, -1) != bits(expected).reshape(mine.size, -1)).any(axis=1)
+        )
         if differ.size:
             i = int(differ[0])
             tensor, index = group.layout.locate(start + i)
@@ -148,5 +182,5 @@ def relative_difference(engine, reference) -> float:
     worst = 0.0
     for _, _, _, mine, expected in compared_pairs(engine, reference):
         scale = float(np.max(np.abs(expected))) or 1.0
-        worst = max(worst, float(np.max(np.abs(to_host(mine) - expected))) / scale)
+        worst = max(worst, float(np.max(np.abs(to_host(mine).astype(np.float32) - expected))) / scale)
     return worst

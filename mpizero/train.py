@@ -1,0 +1,158 @@
+"""``python -m mpizero train``: train the MLP on handwritten digits or the transformer on text.
+
+Run: ``mpiexec -n 4 python -m mpizero train --model transformer --stage 3`` (any -n,
+including 1). The same global batch and micro-batches give byte-identical
+``--save-params`` files at every -n and stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+from .agree import ZeroError
+from .engine import ZeroEngine
+from .mlp import MLP
+from .model import param_shapes
+from .optim import OPTIMIZERS
+from .precision import PRECISIONS
+from .stages import STAGES, sharding
+from .trainer import Trainer, make_groups
+from .transformer import Transformer
+
+DEFAULT_BUCKET_ELEMS = 1 << 21  # 8 MiB of float32; see README for the measurement behind it
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="mlp", choices=["mlp", "transformer"])
+    parser.add_argument("--stage", type=int, default=2, choices=sorted(STAGES))
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--global-batch", type=int, default=64, help="samples (sequences) per step, all ranks")
+    parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step, all ranks")
+    parser.add_argument("--optimizer", default="adamw", choices=sorted(OPTIMIZERS))
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS))
+    parser.add_argument("--reduction", default="exact", choices=["exact", "native"])
+    parser.add_argument("--clip-norm", type=float, default=1.0, help="0 disables clipping")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--width", type=int, default=None, help="hidden width (mlp 128, transformer 64)")
+    parser.add_argument("--layers", type=int, default=2, help="hidden layers / transformer blocks")
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--block-size", type=int, default=32, help="transformer context length")
+    parser.add_argument("--loss-scale-power", type=int, default=16, help="fp16: initial loss scale 2**this")
+    parser.add_argument("--bucket-elems", type=int, default=DEFAULT_BUCKET_ELEMS)
+    parser.add_argument("--no-overlap", action="store_true", help="use blocking collectives only")
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--save-params", default=None, help="write the final fp32 master parameters (.npy)")
+
+
+def build(args, corpus_vocab: int | None = None):
+    """Return the model the flags describe."""
+    if args.model == "mlp":
+        width = args.width or 128
+        return MLP((64, *[width] * args.layers, 10), objective="xent")
+    width = args.width or 64
+    return Transformer(corpus_vocab, args.block_size, width, args.heads, args.layers)
+
+
+def check_arguments(args, world_size: int) -> None:
+    """Raise a ZeroError naming the value for flags no run could use (the same on every rank)."""
+    problems = []
+    if args.steps < 1:
+        problems.append(f"--steps must be >= 1, got {args.steps}")
+    if args.micro_batches < 1 or args.global_batch % max(args.micro_batches, 1):
+        problems.append(f"--global-batch {args.global_batch} must split into --micro-batches {args.micro_batches}")
+    if args.micro_batches < world_size:
+        problems.append(f"--micro-batches {args.micro_batches} is fewer than the {world_size} ranks")
+    if args.lr <= 0 or args.clip_norm < 0 or args.bucket_elems < 1 or args.layers < 1:
+        problems.append("--lr, --bucket-elems and --layers must be positive and --clip-norm >= 0")
+    if problems:
+        raise ZeroError("; ".join(problems))
+
+
+def run(args, comm) -> int:
+    from .datasets import Corpus, Digits
+
+    check_arguments(args, comm.Get_size())
+    data = Digits.load() if args.model == "mlp" else Corpus.load()
+    model = build(args, None if args.model == "mlp" else len(data.alphabet))
+    precision = PRECISIONS[args.precision]
+    engine = ZeroEngine(
+        model.init(args.seed),
+        OPTIMIZERS[args.optimizer](lr=args.lr),
+        comm=comm,
+        groups=make_groups(model, sharding(args.stage).params, args.bucket_elems),
+        stage=args.stage,
+        reduction=args.reduction,
+        param_dtype=precision.param_dtype.name,
+        clip_norm=args.clip_norm or None,
+        on_nonfinite="skip" if precision.loss_scaling else "raise",
+        overlap=not args.no_overlap,
+    )
+    trainer = Trainer(model, engine, precision, 2.0**args.loss_scale_power)
+    size = args.global_batch // args.micro_batches
+    if args.model == "mlp":
+        batch = lambda m, step: data.micro_batch(args.seed, step, m, size, args.micro_batches)  # noqa: E731
+    else:
+        batch = lambda m, step: data.micro_batch(args.seed, step, m, size, args.block_size)  # noqa: E731
+    rank0 = comm.Get_rank() == 0
+    if rank0:
+        print(
+            f"{args.model}: {engine.numel:,} parameters, stage {args.stage}, {comm.Get_size()} ranks, "
+            f"{args.precision}, {args.reduction} reduction",
+            flush=True,
+        )
+    for step in range(1, args.steps + 1):
+        start = time.perf_counter()
+        report = trainer.step(lambda m, step=step: batch(m, step), args.micro_batches)
+        elapsed = time.perf_counter() - start
+        if rank0 and (step % args.log_every == 0 or step in (1, args.steps)):
+            print(progress_line(args, step, report, elapsed, engine.memory()), flush=True)
+    master = engine.master_params()
+    if rank0:
+        evaluate(args, model, data, master)
+        if args.save_params:
+            save_flat(args.save_params, model, master)
+    return 0
+
+
+def progress_line(args, step: int, report, elapsed: float, held: dict) -> str:
+    """One line of progress: step, loss, throughput, step time, bytes this rank holds."""
+    per_sample, unit = (args.block_size, "tokens") if args.model == "transformer" else (1, "samples")
+    skipped = "  (skipped)" if report.skipped else ""
+    scale = f"  scale {report.loss_scale:g}" if args.precision == "fp16" else ""
+    memory = " ".join(f"{kind} {nbytes / 1024:.0f}K" for kind, nbytes in held.items())
+    return (
+        f"step {step:>5}  loss {report.loss:.4f}{skipped}{scale}  "
+        f"{args.global_batch * per_sample / elapsed:,.0f} {unit}/s  {elapsed * 1e3:.1f} ms  held/rank {memory}"
+    )
+
+
+def evaluate(args, model, data, master) -> None:
+    """Print the held-out figure the README quotes for this model."""
+    from .model import forward_backward
+
+    if args.model == "mlp":
+        x, y = data.held_out()
+        out = x
+        for unit in model.units:
+            out, _ = unit.forward(out, master)
+        print(f"held-out accuracy: {np.mean(out.argmax(axis=1) == y):.4f} on {len(y)} digits")
+    else:
+        x, y = data.held_out(args.block_size)
+        loss, _ = forward_backward(model, master, x, y)
+        print(f"held-out loss: {loss:.4f} nats/char (unigram entropy {data.unigram_entropy():.4f})")
+
+
+def save_flat(path: str, model, master: dict) -> None:
+    """Write every parameter, in model order, as one flat float32 .npy; atomically."""
+    flat = np.concatenate([master[name].reshape(-1) for name in param_shapes(model)])
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.save(f, flat)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,163 @@
+"""Train a unit-structured model with the engine, one step at a time.
+
+Every rank walks the same rounds of micro-batches (ranks with no micro-batch
+in a round still join its collectives), unit by unit. At stage 3 each unit's
+full parameters are gathered just before it runs and released right after,
+while the next unit's gather is already in flight; at stages 0-2 they stay.
+Gradients are reduced group by group (stage 3: per unit; stages 0-2: buckets)
+as soon as the last round's backward has produced them, overlapping the rest
+of the backward pass.
+
+The single-rank counterpart is ``reference_step``: the same unit calls on the
+same micro-batches, without MPI.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .model import forward_backward, param_shapes, unit_names
+from .partition import split_evenly
+from .precision import LossScaler, Precision
+
+
+def make_groups(model, by_unit: bool, bucket_elems: int) -> list[list[str]]:
+    """Stage 3: one group per unit. Otherwise buckets of up to ``bucket_elems`` in backward order."""
+    if by_unit:
+        return unit_names(model)
+    buckets, current, size = [], [], 0
+    for names in reversed(unit_names(model)):
+        for name in names:
+            numel = math.prod(param_shapes(model)[name])
+            if current and size + numel > bucket_elems:
+                buckets.append(current)
+                current, size = [], 0
+            current.append(name)
+            size += numel
+    return [*buckets, current] if current else buckets
+
+
+def as_contribution(grads: dict, precision: Precision, loss_scale: float) -> dict:
+    """Store gradients in the precision's grad dtype, then unscale to float32 for the reduction."""
+    if precision.grad_dtype == np.float32 and loss_scale == 1.0:
+        return grads
+    inverse = np.float32(1.0 / loss_scale)
+    with np.errstate(over="ignore"):  # an overflow becomes inf, which the engine agrees to skip
+        return {k: g.astype(precision.grad_dtype).astype(np.float32) * inverse for k, g in grads.items()}
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One training step as rank 0 reports it."""
+
+    loss: float
+    skipped: bool
+    loss_scale: float
+    grad_norm: float | None
+
+
+class Trainer:
+    """Drive the engine layer-wise over a model's units for one step at a time."""
+
+    def __init__(self, model, engine, precision: Precision, initial_loss_scale: float = 2.0**16) -> None:
+        self.model, self.engine, self.precision = model, engine, precision
+        self.scaler = LossScaler(initial_loss_scale) if precision.loss_scaling else None
+        self.groups_of_unit = [
+            sorted({i for i, g in enumerate(engine.groups) if set(names) & set(g.layout.names)})
+            for names in unit_names(model)
+        ]
+        # backward runs units in reverse, so a group is complete after the lowest unit it holds
+        self.last_unit_of_group = {
+            g: min(u for u, owned in enumerate(self.groups_of_unit) if g in owned) for g in range(len(engine.groups))
+        }
+
+    @property
+    def loss_scale(self) -> float:
+        return 1.0 if self.scaler is None else self.scaler.scale
+
+    def step(self, micro_batches: Callable[[int], tuple], total: int) -> StepReport:
+        """Train on this rank's share of ``total`` global micro-batches; ``micro_batches[m]`` gives batch m."""
+        comm = self.engine.comm
+        mine = list(split_evenly(total, comm.Get_size(), comm.Get_rank()))
+        rounds = -(-total // comm.Get_size())
+        losses, stored = {}, []
+        for r in range(rounds):
+            batch = micro_batches(mine[r]) if r < len(mine) else None
+            loss, grads = self._forward_backward(batch, last_round=r == rounds - 1, stored=stored)
+            if batch is not None:
+                losses[mine[r]] = loss
+                stored.append(grads)
+        result = self.engine.finish_step()
+        if self.scaler is not None:
+            self.scaler.update(result.skipped)
+        everyone = {m: v for part in comm.allgather(losses) for m, v in part.items()}
+        loss = sum(everyone[m] for m in range(total)) / total
+        return StepReport(loss, result.skipped, self.loss_scale, result.grad_norm)
+
+    def _forward_backward(self, batch, last_round: bool, stored: list):
+        """One micro-batch (or, with ``batch`` None, only the collectives) through every unit."""
+        units = self.model.units
+        caches, out = [], None if batch is None else batch[0]
+        self._prefetch(0)
+        for u, unit in enumerate(units):
+            params = self._unit_params(u)
+            if u + 1 < len(units):
+                self._prefetch(u + 1)
+            if batch is not None:
+                out, cache = unit.forward(out, params)
+                caches.append(cache)
+            self._release(u)
+        loss, grads, dout = None, {}, None
+        if batch is not None:
+            loss, dout = self.model.loss(out, batch[1])
+            dout = dout * np.float32(self.loss_scale) if self.loss_scale != 1.0 else dout
+        for u in reversed(range(len(units))):
+            params = self._unit_params(u)
+            if u > 0:
+                self._prefetch(u - 1)
+            if batch is not None:
+                dout, unit_grads = units[u].backward(dout, caches[u], params)
+                grads.update(as_contribution(unit_grads, self.precision, self.loss_scale))
+            self._release(u)
+            if last_round:
+                for g in self.groups_of_unit[u]:
+                    if self.last_unit_of_group[g] == u:
+                        contributions = [*stored, grads] if batch is not None else stored
+                        self.engine.start_reduce(g, contributions)
+        return loss, grads
+
+    def _prefetch(self, unit: int) -> None:
+        for g in self.groups_of_unit[unit]:
+            self.engine.gather(g, blocking=False)
+
+    def _unit_params(self, unit: int) -> dict:
+        names = set(unit_names(self.model)[unit])
+        params = {}
+        for g in self.groups_of_unit[unit]:
+            params.update({k: v for k, v in self.engine.gather(g).items() if k in names})
+        if self.precision.param_dtype != np.float32:
+            params = {k: v.astype(np.float32) for k, v in params.items()}
+        return params
+
+    def _release(self, unit: int) -> None:
+        for g in self.groups_of_unit[unit]:
+            self.engine.release(g)
+
+
+def reference_step(model, reference, micro_batches: Sequence, precision: Precision, scaler: LossScaler | None):
+    """The same step on one process: every micro-batch in order, then the reference update."""
+    params = reference.compute_params()
+    scale = 1.0 if scaler is None else scaler.scale
+    contributions, losses = [], []
+    for x, y in micro_batches:
+        loss, grads = forward_backward(model, params, x, y, scale)
+        contributions.append(as_contribution(grads, precision, scale))
+        losses.append(loss)
+    updated = reference.step(contributions)
+    if scaler is not None:
+        scaler.update(not updated)
+    return sum(losses) / len(losses)
