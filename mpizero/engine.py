@@ -26,6 +26,7 @@ from .config import ZeroConfig
 from .exact import max_abs
 from .group import FlatGroup, ParamState
 from .layout import FlatLayout
+from .memory import KINDS, MemoryLog, peak_rss_bytes
 from .partition import Partition
 from .reduction import REDUCTIONS
 from .stages import sharding
@@ -66,6 +67,7 @@ class ZeroEngine:
         self.collectives = Collectives(self.comm)
         self.step_count = self.skipped_steps = self.attempts = 0
         self.peak_gathered_groups = 0
+        self.memory_log = MemoryLog()
         self._pending: dict[int, list[int]] = {}
         self._count = 0
         self._skipping = False
@@ -121,6 +123,7 @@ class ZeroEngine:
     def _note_gathered(self) -> None:
         gathered = sum(g.state is not ParamState.SHARDED for g in self.groups if g.sharding.params)
         self.peak_gathered_groups = max(self.peak_gathered_groups, gathered)
+        self.memory_log.sample(self.memory())
 
     # Gradients and updates ------------------------------------------------
 
@@ -152,6 +155,7 @@ class ZeroEngine:
                 local[column] = max((max_abs(grads[spec.name]) for grads in contributions), default=0.0)
         stats = np.empty((self.comm.Get_size(), local.size))
         self.comm.Allgather(local, stats)
+        self.collectives.traffic.record("agreement", stats.nbytes, self.comm.Get_size())
         if stats[:, 1].any():
             self._abandon()
             agree.raise_if_any(self.comm, problem, f"step {self.attempts}: bad gradients")
@@ -166,6 +170,7 @@ class ZeroEngine:
         scales = [self.reduction.scale_for(float(m), self._count) for m in stats[:, 2:].max(axis=0)]
         group.start_reduce(self.collectives, self.reduction, contributions, scales, blocking=not self.config.overlap)
         self._pending[index] = scales
+        self.memory_log.sample(self.memory())
 
     def _on_nonfinite(self, index: int, bad_ranks: list[int]) -> None:
         message = f"step {self.attempts}: non-finite gradient in group {index} on ranks {bad_ranks}"
@@ -243,12 +248,17 @@ class ZeroEngine:
         return {name: result[name] for name in self.names}
 
     def memory(self) -> dict[str, int]:
-        """Bytes this rank holds now, by kind: params, grads, master, optimizer, comm."""
-        total: dict[str, int] = {}
+        """Bytes this rank holds now, by kind (``memory.KINDS``), read from the buffers themselves."""
+        total = dict.fromkeys(KINDS, 0)
         for group in self.groups:
             for kind, nbytes in group.memory().items():
-                total[kind] = total.get(kind, 0) + nbytes
+                total[kind] += nbytes
         return total
+
+    def memory_report(self) -> dict:
+        """Bytes held now and at the peak so far, by kind; the peak total; the process's peak RSS."""
+        log = self.memory_log
+        return {"now": self.memory(), "peak": dict(log.peak), "peak_total": log.peak_total, "rss": peak_rss_bytes()}
 
 
 def _make_read_only(view) -> None:

@@ -154,12 +154,13 @@ class FlatGroup:
             self.full_params[...] = self.master_shard
 
     def memory(self) -> dict[str, int]:
-        """Bytes this group holds now, by kind."""
-        params = self.param_shard.nbytes if self.full_params is None else self.full_params.nbytes
+        """Bytes this group holds now, by kind (see ``memory.KINDS``)."""
+        transient_full = self.sharding.params and self.full_params is not None
         return {
-            "params": params,
+            "params": self.param_shard.nbytes if self.sharding.params else self.full_params.nbytes,
+            "gathered": self.full_params.nbytes if transient_full else 0,
             "grads": self.grad_shard.nbytes,
             "master": self.master_shard.nbytes,
             "optimizer": sum(a.nbytes for a in self.optimizer_state.values()),
-            "comm": 0 if self.local_grads is None else self.local_grads.nbytes,
+            "comm": sum(0 if b is None else b.nbytes for b in (self.local_grads, self.reduced)),
         }

@@ -13,8 +13,10 @@ import time
 
 import numpy as np
 
+from . import formulas
 from .agree import ZeroError
 from .engine import ZeroEngine
+from .memory import format_bytes
 from .mlp import MLP
 from .model import param_shapes
 from .optim import OPTIMIZERS
@@ -106,6 +108,7 @@ def run(args, comm) -> int:
             flush=True,
         )
     for step in range(1, args.steps + 1):
+        engine.collectives.traffic.clear()
         start = time.perf_counter()
         report = trainer.step(lambda m, step=step: batch(m, step), args.micro_batches)
         elapsed = time.perf_counter() - start
@@ -113,6 +116,7 @@ def run(args, comm) -> int:
             print(progress_line(args, step, report, elapsed, engine.memory()), flush=True)
     master = engine.master_params()
     if rank0:
+        print_accounting(engine, -(-args.micro_batches // comm.Get_size()))
         evaluate(args, model, data, master)
         if args.save_params:
             save_flat(args.save_params, model, master)
@@ -128,6 +132,36 @@ def progress_line(args, step: int, report, elapsed: float, held: dict) -> str:
     return (
         f"step {step:>5}  loss {report.loss:.4f}{skipped}{scale}  "
         f"{args.global_batch * per_sample / elapsed:,.0f} {unit}/s  {elapsed * 1e3:.1f} ms  held/rank {memory}"
+    )
+
+
+def print_accounting(engine, rounds: int) -> None:
+    """Rank 0's bytes by kind (now and peak), peak RSS, and the last step's traffic beside the formula."""
+    report = engine.memory_report()
+    print("memory on rank 0:  " + "  ".join(f"{k} {format_bytes(v)}" for k, v in report["now"].items()))
+    print(
+        "peak during steps: "
+        + "  ".join(f"{k} {format_bytes(v)}" for k, v in report["peak"].items())
+        + f"  total {format_bytes(report['peak_total'])}  (process peak RSS {format_bytes(report['rss'])})"
+    )
+    traffic = engine.collectives.traffic
+    predicted = formulas.traffic_per_step(formula_setup(engine), rounds)
+    moved = "  ".join(
+        f"{op} {format_bytes(traffic.sent[op])} (formula {format_bytes(b)})" for op, b in predicted.items()
+    )
+    print(f"sent per step:     {moved}  agreement {format_bytes(traffic.sent['agreement'])}")
+
+
+def formula_setup(engine) -> formulas.Setup:
+    """The ``formulas.Setup`` describing a live engine."""
+    return formulas.Setup(
+        tuple(g.layout.numel for g in engine.groups),
+        engine.comm.Get_size(),
+        engine.config.stage,
+        engine.groups[0].param_dtype.itemsize,
+        engine.reduction.wire_dtype.itemsize,
+        len(engine.optimizer.state_names),
+        engine.config.align,
     )
 
 

@@ -13,6 +13,7 @@ from mpi4py import MPI
 
 from .arrays import bits, to_host
 from .engine import ZeroEngine
+from .memory import format_bytes
 from .mlp import MLP, regression_batch
 from .optim import OPTIMIZERS
 from .precision import PRECISIONS, LossScaler
@@ -113,6 +114,7 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
     worst, first_mismatch = 0.0, None
     for step in range(1, args.steps + 1):
         batches = [synthetic_batch(model, args.seed, step, m, args.batch) for m in range(micro_batches)]
+        engine.collectives.traffic.clear()
         trainer.step(batches.__getitem__, micro_batches)
         reference_step(model, reference, batches, precision, scaler)
         if args.perturb_rank == rank and step == 1:
@@ -124,7 +126,7 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
             worst = max(worst, relative_difference(engine, reference))
     head = (
         f"stage {stage}  ranks {size}  steps {args.steps}  model {args.model}  optimizer {args.optimizer}  "
-        f"{args.precision}  reduction {args.reduction}:"
+        f"{args.precision}  reduction {args.reduction}  {accounting(engine)}:"
     )
     if not engine.reduction.bitwise:
         worst = comm.allreduce(worst, op=MPI.MAX)
@@ -136,6 +138,16 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
     if reports:
         return f"{head} {min(reports, key=lambda m: (m.step, m.rank))}", False
     return f"{head} bitwise", True
+
+
+def accounting(engine) -> str:
+    """Rank's bytes held now and at the peak, and bytes sent in the last step."""
+    report = engine.memory_report()
+    sent = sum(v for op, v in engine.collectives.traffic.sent.items() if op != "agreement")
+    return (
+        f"held/rank {format_bytes(sum(report['now'].values()))} (peak {format_bytes(report['peak_total'])})  "
+        f"sent/step {format_bytes(sent)}"
+    )
 
 
 def compared_pairs(engine, reference):

@@ -43,7 +43,8 @@ def test_verify_is_bitwise_at_every_stage(n, optimizer):
     lines = out.strip().splitlines()
     assert len(lines) == 4
     for stage, line in enumerate(lines):
-        assert line.startswith(f"stage {stage}  ranks {n}") and line.endswith("reduction exact: bitwise"), line
+        assert line.startswith(f"stage {stage}  ranks {n}") and line.endswith(": bitwise"), line
+        assert "reduction exact" in line and "held/rank" in line and "sent/step" in line
 
 
 def test_verify_names_the_first_mismatch_when_a_shard_is_perturbed():

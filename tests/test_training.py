@@ -1,5 +1,7 @@
 """Real training: identical bytes at any world size and stage, layer-wise stage 3, the train command."""
 
+import re
+
 import numpy as np
 import pytest
 from mpirun import run_mpi, run_mpi_ok
@@ -103,3 +105,29 @@ def test_fp16_overflow_skips_the_step_on_every_rank():
 def test_bad_train_flags_fail_on_every_rank_with_the_value(flags, message):
     done = run_mpi(4, ["-m", "mpizero", "train", "--steps", "2", *flags])
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_measured_memory_and_traffic_match_the_formulas(n):
+    assert "accounting ok" in run_mpi_ok(n, ["-m", "mpi4py", "tests/mpi/check_accounting.py"], timeout=180)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_train_prints_memory_and_traffic_beside_the_formula(stage):
+    out = run_mpi_ok(3, [*TRAIN, "--model", "transformer", "--stage", str(stage)])
+    assert "memory on rank 0:  params" in out and "process peak RSS" in out
+    sent = out.split("sent per step:")[1].splitlines()[0]
+    pairs = re.findall(r"(\w+) ([\d.]+ \w+) \(formula ([\d.]+ \w+)\)", sent)
+    assert [op for op, _, _ in pairs] == ["reduce_scatter", "allreduce", "allgather"]
+    assert all(measured == formula for _, measured, formula in pairs), sent
+
+
+def test_estimate_prints_the_papers_figure_1():
+    out = run_mpi_ok(1, ["-m", "mpizero", "estimate", "--params", "7.5e9", "--ranks", "64"])
+    numbers = [line.split()[-2] for line in out.splitlines()[2:]]
+    assert numbers == ["120.0", "31.4", "16.6", "1.9"]
+
+
+def test_estimate_for_a_model_lists_every_stage():
+    out = run_mpi_ok(1, ["-m", "mpizero", "estimate", "--model", "mlp", "--ranks", "4"])
+    assert [line.split()[0] for line in out.splitlines()[2:]] == ["0", "1", "2", "3"]

@@ -1,0 +1,82 @@
+"""Predicted bytes per rank and per-step traffic: the ZeRO paper's formulas and mpizero's exact ones.
+
+The paper (Rajbhandari et al., 2020) counts model states for mixed-precision
+Adam with K = 12 bytes of optimizer state per parameter (fp32 master, momentum,
+variance): baseline (2 + 2 + K)Psi, stage 1 2Psi + 2Psi + K Psi/N, stage 2
+2Psi + (2 + K)Psi/N, stage 3 (2 + 2 + K)Psi/N. mpizero's own prediction counts
+its buffers exactly, padding included, kind by kind as ``memory`` names them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .partition import Partition
+from .stages import sharding
+
+PAPER_K = 12
+
+
+def paper_model_states(psi: float, ranks: int, k: int = PAPER_K) -> dict[str, float]:
+    """Model-state bytes per rank for each configuration of the paper's Figure 1."""
+    return {
+        "baseline": (2 + 2 + k) * psi,
+        "stage 1 (Pos)": 2 * psi + 2 * psi + k * psi / ranks,
+        "stage 2 (Pos+g)": 2 * psi + (2 + k) * psi / ranks,
+        "stage 3 (Pos+g+p)": (2 + 2 + k) * psi / ranks,
+    }
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What mpizero's buffer sizes depend on."""
+
+    group_numels: tuple[int, ...]
+    ranks: int
+    stage: int
+    param_bytes: int = 4
+    wire_bytes: int = 8
+    optimizer_states: int = 2
+    align: int = 1
+
+    def partitions(self) -> list[Partition]:
+        return [Partition(n, self.ranks, self.align) for n in self.group_numels]
+
+
+def engine_bytes(setup: Setup) -> dict[str, int]:
+    """Bytes each rank holds between steps, by kind, as ``ZeroEngine.memory()`` reports them."""
+    plan = sharding(setup.stage)
+    padded = sum(p.padded_numel for p in setup.partitions())
+    shard = sum(p.shard_numel for p in setup.partitions())
+    owned = shard if plan.optimizer else padded
+    return {
+        "params": (shard if plan.params else padded) * setup.param_bytes,
+        "gathered": 0,
+        "grads": owned * 4,
+        "master": owned * 4,
+        "optimizer": owned * 4 * setup.optimizer_states,
+        "comm": 0 if plan.grads else padded * setup.wire_bytes,
+    }
+
+
+def traffic_per_step(setup: Setup, rounds: int = 1) -> dict[str, int]:
+    """Bytes each rank sends per step, by collective (ring volumes: (N-1)/N of the full buffer per pass).
+
+    ``rounds``: micro-batch rounds per step; stage 3 gathers every unit twice per round.
+    """
+    plan, n = sharding(setup.stage), setup.ranks
+    sent = {"reduce_scatter": 0, "allreduce": 0, "allgather": 0}
+    for p in setup.partitions():
+        wire, params = p.padded_numel * setup.wire_bytes, p.padded_numel * setup.param_bytes
+        if plan.gradient_collective == "allreduce":
+            sent["allreduce"] += 2 * wire * (n - 1) // n
+        else:
+            sent["reduce_scatter"] += wire * (n - 1) // n
+        gathers = 2 * rounds if plan.params else int(plan.optimizer)
+        sent["allgather"] += gathers * (params * (n - 1) // n)
+    return sent
+
+
+def paper_traffic_elements(psi: float, ranks: int, stage: int) -> float:
+    """The paper's per-rank volume in elements: 2Psi (stages 0-2) or 3Psi (stage 3), times (N-1)/N."""
+    return (3 if sharding(stage).params else 2) * psi * (ranks - 1) / ranks

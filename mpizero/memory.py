@@ -1,0 +1,43 @@
+"""Bytes a rank holds, by kind, now and at the peak of a step; and the process's peak RSS.
+
+Kinds: ``params`` (full params at stages 0-2, the param shard at stage 3),
+``gathered`` (stage 3's transient full params of gathered units), ``grads``
+(the grad shard), ``master`` (the fp32 master shard), ``optimizer`` (the
+optimizer state shard), ``comm`` (local grads and reduce buffers in the
+reduction's wire dtype). Model states are params + grads + master + optimizer.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+KINDS = ("params", "gathered", "grads", "master", "optimizer", "comm")
+MODEL_STATES = ("params", "grads", "master", "optimizer")
+
+
+class MemoryLog:
+    """The largest bytes seen per kind, and the largest total, over every sample taken."""
+
+    def __init__(self) -> None:
+        self.peak = dict.fromkeys(KINDS, 0)
+        self.peak_total = 0
+
+    def sample(self, held: dict[str, int]) -> None:
+        for kind, nbytes in held.items():
+            self.peak[kind] = max(self.peak[kind], nbytes)
+        self.peak_total = max(self.peak_total, sum(held.values()))
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set size so far (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def format_bytes(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(nbytes) < 1024 or unit == "TiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")
