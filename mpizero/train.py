@@ -8,6 +8,7 @@ including 1). The same global batch and micro-batches give byte-identical
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 
@@ -49,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-overlap", action="store_true", help="use blocking collectives only")
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--save-params", default=None, help="write the final fp32 master parameters (.npy)")
+    parser.add_argument("--memory-json", default=None, help="write rank 0's memory report (JSON)")
 
 
 def build(args, corpus_vocab: int | None = None):
@@ -120,6 +122,9 @@ def run(args, comm) -> int:
         evaluate(args, model, data, master)
         if args.save_params:
             save_flat(args.save_params, model, master)
+        if args.memory_json:
+            with open(args.memory_json, "w") as f:
+                json.dump(engine.memory_report(), f)
     return 0
 
 

@@ -1,0 +1,76 @@
+"""The partition and memory figures are real PNGs, and owner colours sit where the partition says."""
+
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from mpirun import ROOT
+
+from mpizero.partition import Partition
+from mpizero.stages import sharding
+
+plot = pytest.importorskip("mpizero.plot", reason="plot tests need matplotlib (the test extra installs it)")
+pytest.importorskip("matplotlib", reason="plot tests need matplotlib (the test extra installs it)")
+
+
+def png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def hex_rgb(colour: str) -> tuple[int, int, int]:
+    return tuple(int(colour[i : i + 2], 16) for i in (1, 3, 5))
+
+
+@pytest.mark.parametrize("numel, ranks", [(8, 4), (8, 3), (3, 5)])
+def test_partition_colours_follow_the_owner(tmp_path, numel, ranks):
+    import matplotlib.image
+
+    path = tmp_path / "partition.png"
+    pixels = plot.partition_figure(numel, ranks, str(path))
+    width, height = png_size(path)
+    image = (matplotlib.image.imread(path)[:, :, :3] * 255).round().astype(int)
+    assert image.shape[:2] == (height, width)
+    partition = Partition(numel, ranks)
+    for (stage, kind, index), (x, y) in pixels.items():
+        sharded = getattr(sharding(stage), kind)
+        expected = hex_rgb(plot.rank_colour(partition.owner(index)) if sharded else plot.REPLICATED)
+        found = tuple(image[y, x])
+        distance = np.abs(np.subtract(found, expected)).max()
+        if index < numel:
+            assert distance <= 2, (stage, kind, index, found, expected)
+        else:  # padding is hatched: the centre is the fill blended towards white by the same amount in every channel
+            blend = [(f - e) / (255 - e) for f, e in zip(found, expected)]
+            assert max(blend) - min(blend) <= 0.05 and min(blend) >= -0.02, (stage, kind, index, found, expected)
+
+
+def test_partition_png_has_the_expected_size(tmp_path):
+    path = tmp_path / "p.png"
+    plot.partition_figure(8, 4, str(path))
+    assert png_size(path) == (600, 660)  # figsize (6, 6.6) inches at 100 dpi
+
+
+def test_memory_png_from_the_estimator(tmp_path):
+    path = tmp_path / "memory.png"
+    done = subprocess.run(
+        [sys.executable, "-m", "mpizero", "plot", "memory", "--model", "mlp", "--ranks", "4", "-o", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert png_size(path) == (800, 450)
+
+
+def test_missing_matplotlib_gives_a_clear_message(tmp_path):
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "from mpizero.__main__ import main\n"
+        f"main(['plot', 'partition', '-o', r'{tmp_path / 'x.png'}'])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and 'plotting needs matplotlib: pip install -e ".[plot]"' in done.stderr
