@@ -1,4 +1,4 @@
-"""Command line: ``mpiexec -n N python -m mpizero {example,verify,train,estimate,plot} [options]``.
+"""Command line: ``mpiexec -n N python -m mpizero {example,verify,train,estimate,plot,consolidate} [options]``.
 
 One rank works too: ``python -m mpizero verify``. An error every rank agreed on
 is printed once and exits with status 2; any other exception on any rank prints
@@ -15,12 +15,19 @@ import traceback
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
-from . import estimate, example, plot, train, verify
+from . import consolidate, estimate, example, plot, train, verify
 from .agree import ZeroError
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
-COMMANDS = {"example": example, "verify": verify, "train": train, "estimate": estimate, "plot": plot}
+COMMANDS = {
+    "example": example,
+    "verify": verify,
+    "train": train,
+    "estimate": estimate,
+    "plot": plot,
+    "consolidate": consolidate,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from . import formulas
+from . import checkpoint, faults, formulas
 from .agree import ZeroError
 from .engine import ZeroEngine
 from .memory import format_bytes
@@ -51,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--save-params", default=None, help="write the final fp32 master parameters (.npy)")
     parser.add_argument("--memory-json", default=None, help="write rank 0's memory report (JSON)")
+    parser.add_argument("--checkpoint-dir", default=None, help="save sharded checkpoints here")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: never)")
+    parser.add_argument("--keep", type=int, default=2, help="complete checkpoints to keep")
+    parser.add_argument("--resume", default=None, help="a checkpoint, or a directory of them (newest complete)")
 
 
 def build(args, corpus_vocab: int | None = None):
@@ -77,6 +81,9 @@ def check_arguments(args, world_size: int) -> None:
         raise ZeroError("; ".join(problems))
 
 
+DATA_SETTINGS = ("model", "seed", "global_batch", "micro_batches", "block_size")
+
+
 def run(args, comm) -> int:
     from .datasets import Corpus, Digits
 
@@ -84,19 +91,9 @@ def run(args, comm) -> int:
     data = Digits.load() if args.model == "mlp" else Corpus.load()
     model = build(args, None if args.model == "mlp" else len(data.alphabet))
     precision = PRECISIONS[args.precision]
-    engine = ZeroEngine(
-        model.init(args.seed),
-        OPTIMIZERS[args.optimizer](lr=args.lr),
-        comm=comm,
-        groups=make_groups(model, sharding(args.stage).params, args.bucket_elems),
-        stage=args.stage,
-        reduction=args.reduction,
-        param_dtype=precision.param_dtype.name,
-        clip_norm=args.clip_norm or None,
-        on_nonfinite="skip" if precision.loss_scaling else "raise",
-        overlap=not args.no_overlap,
-    )
+    engine = make_engine(args, model, precision, comm)
     trainer = Trainer(model, engine, precision, 2.0**args.loss_scale_power)
+    first_step = resume(args, engine, trainer) + 1 if args.resume else 1
     size = args.global_batch // args.micro_batches
     if args.model == "mlp":
         batch = lambda m, step: data.micro_batch(args.seed, step, m, size, args.micro_batches)  # noqa: E731
@@ -109,13 +106,18 @@ def run(args, comm) -> int:
             f"{args.precision}, {args.reduction} reduction",
             flush=True,
         )
-    for step in range(1, args.steps + 1):
+    for step in range(first_step, args.steps + 1):
+        faults.maybe_kill("step", step, comm.Get_rank())
         engine.collectives.traffic.clear()
         start = time.perf_counter()
         report = trainer.step(lambda m, step=step: batch(m, step), args.micro_batches)
         elapsed = time.perf_counter() - start
-        if rank0 and (step % args.log_every == 0 or step in (1, args.steps)):
+        if rank0 and (step % args.log_every == 0 or step in (first_step, args.steps)):
             print(progress_line(args, step, report, elapsed, engine.memory()), flush=True)
+        if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0:
+            path = checkpoint.save(engine, args.checkpoint_dir, training_state(args, step, engine, trainer), args.keep)
+            if rank0:
+                print(f"saved {path}", flush=True)
     master = engine.master_params()
     if rank0:
         print_accounting(engine, -(-args.micro_batches // comm.Get_size()))
@@ -126,6 +128,66 @@ def run(args, comm) -> int:
             with open(args.memory_json, "w") as f:
                 json.dump(engine.memory_report(), f)
     return 0
+
+
+def make_engine(args, model, precision, comm) -> ZeroEngine:
+    return ZeroEngine(
+        model.init(args.seed),
+        OPTIMIZERS[args.optimizer](lr=args.lr),
+        comm=comm,
+        groups=make_groups(model, sharding(args.stage).params, args.bucket_elems),
+        stage=args.stage,
+        reduction=args.reduction,
+        param_dtype=precision.param_dtype.name,
+        clip_norm=args.clip_norm or None,
+        on_nonfinite="skip" if precision.loss_scaling else "raise",
+        overlap=not args.no_overlap,
+    )
+
+
+def training_state(args, step: int, engine, trainer) -> dict:
+    """Everything besides the shards that the next step needs: counters, loss scale, data settings."""
+    scaler = trainer.scaler
+    return {
+        "step": step,
+        "optimizer_steps": engine.step_count,
+        "skipped_steps": engine.skipped_steps,
+        "loss_scale": None if scaler is None else [scaler.scale, scaler.good_steps],
+        "data": {name: getattr(args, name) for name in DATA_SETTINGS},
+    }
+
+
+def resume(args, engine, trainer) -> int:
+    """Load the checkpoint ``--resume`` names into the engine and trainer; return the step it ended."""
+    comm = engine.comm
+    found = None
+    if comm.Get_rank() == 0:
+        try:
+            found = checkpoint.resolve(args.resume)
+        except checkpoint.CheckpointError as error:
+            found = str(error)
+    found = comm.bcast(found)
+    if isinstance(found, str):
+        raise checkpoint.CheckpointError(found)
+    path, torn = found
+    if comm.Get_rank() == 0:
+        for message in torn:
+            print(message, flush=True)
+    state = checkpoint.load(engine, path)
+    saved = state["data"]
+    differ = [
+        f"--{k.replace('_', '-')} {saved[k]} (this run: {getattr(args, k)})"
+        for k in DATA_SETTINGS
+        if saved.get(k) != getattr(args, k)
+    ]
+    if differ:
+        raise checkpoint.CheckpointError(f"{path}: saved with different data settings: " + ", ".join(differ))
+    engine.step_count, engine.skipped_steps = state["optimizer_steps"], state["skipped_steps"]
+    if trainer.scaler is not None and state["loss_scale"] is not None:
+        trainer.scaler.scale, trainer.scaler.good_steps = state["loss_scale"]
+    if comm.Get_rank() == 0:
+        print(f"resumed from {path} after step {state['step']}", flush=True)
+    return state["step"]
 
 
 def progress_line(args, step: int, report, elapsed: float, held: dict) -> str:

@@ -1,0 +1,31 @@
+"""``python -m mpizero consolidate DIR OUT.npz``: full fp32 parameters by name from a sharded checkpoint.
+
+Like DeepSpeed's ``zero_to_fp32``: padding stripped, any world size and stage;
+``DIR`` is a checkpoint or a directory of them (the newest complete one is
+used). ``--optimizer`` adds each tensor's optimizer state as ``NAME/STATE``.
+The output loads with ``numpy.load(OUT, allow_pickle=False)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import checkpoint
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="a checkpoint directory, or a directory of checkpoints")
+    parser.add_argument("output", help="the .npz file to write")
+    parser.add_argument("--optimizer", action="store_true", help="include the optimizer state")
+
+
+def run(args, comm) -> int:
+    if comm.Get_rank() != 0:
+        return 0
+    path, torn = checkpoint.resolve(args.checkpoint)
+    for message in torn:
+        print(message, file=sys.stderr)
+    names = checkpoint.consolidate(path, args.output, include_optimizer=args.optimizer)
+    print(f"wrote {len(names)} arrays from {path} to {args.output}")
+    return 0
