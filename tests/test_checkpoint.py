@@ -171,25 +171,6 @@ def test_bad_checkpoints_fail_on_every_rank_naming_file_and_problem(tmp_path, sa
     assert sorted(os.listdir(tmp_path)) == ["ckpt-00000004"]  # nothing new written
 
 
-def test_resume_refuses_different_data_settings(tmp_path, saved):
-    done = run_mpi(
-        2,
-        [
-            *TRAIN[:-6],
-            "--global-batch",
-            "12",
-            "--micro-batches",
-            "6",
-            "--log-every",
-            "100",
-            "--width",
-            "48",
-            "--stage",
-            "1",
-            "--steps",
-            "6",
-            "--resume",
-            str(saved),
-        ],
-    )
+def test_resume_refuses_different_data_settings(saved):
+    done = train(2, 1, 6, "--global-batch", 12, "--resume", saved, ok=False)  # the last --global-batch wins
     assert done.returncode == 2 and "--global-batch 24 (this run: 12)" in done.stderr, done.stderr
