@@ -22,10 +22,17 @@ def raise_if_any(comm, problem: str | None, context: str) -> None:
         raise ZeroError(f"{context}: " + "; ".join(bad))
 
 
-def raise_unless_equal(comm, value: Hashable, what: str) -> None:
-    """Raise on every rank unless all ranks hold the same ``value``, naming who differs."""
-    values = comm.allgather(value)
-    differing = [rank for rank, v in enumerate(values) if v != values[0]]
-    if differing:
-        shown = "; ".join(f"rank {r}: {values[r]!r}" for r in [0, *differing[:3]])
-        raise ZeroError(f"ranks disagree on {what} (ranks {differing} differ from rank 0): {shown}")
+def raise_unless_equal(comm, fields: dict[str, Hashable]) -> None:
+    """Raise on every rank unless all ranks hold the same value of every field, naming field, ranks and values."""
+    everyone = comm.allgather(fields)
+    for name in fields:
+        values = [rank_fields.get(name) for rank_fields in everyone]
+        differing = [rank for rank, v in enumerate(values) if v != values[0]]
+        if differing:
+            shown = "; ".join(f"rank {r}: {_short(values[r])}" for r in [0, *differing[:3]])
+            raise ZeroError(f"ranks disagree on {name} (ranks {differing} differ from rank 0): {shown}")
+
+
+def _short(value, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

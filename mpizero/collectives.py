@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 from .arrays import array_module, is_device_array
 from .cuda_aware import cuda_aware
+from .watchdog import Watchdog
 
 WIRE_VIEWS = {"bfloat16": np.uint16, "float16": np.uint16}
 
@@ -50,10 +51,12 @@ class Pending:
 
     def __init__(self, request=None, finish=None, keep=()) -> None:
         self.request, self.finish, self.keep = request, finish, keep  # keep: buffers MPI still reads
+        self.op, self.watchdog = "", None
 
     def wait(self) -> None:
         if self.request is not None:
-            self.request.Wait()
+            with self.watchdog.waiting(self.op):
+                self.request.Wait()
             self.request = None
         if self.finish is not None:
             self.finish()
@@ -64,9 +67,16 @@ class Pending:
 class Collectives:
     """The engine's collectives on one communicator, with staging and counting."""
 
-    def __init__(self, comm: MPI.Comm) -> None:
+    def __init__(self, comm: MPI.Comm, watchdog_seconds: float | None = None) -> None:
         self.comm = comm
         self.traffic = Traffic()
+        self.watchdog = Watchdog(watchdog_seconds, comm.Get_rank())
+
+    def agree(self, local: np.ndarray, everyone: np.ndarray) -> None:
+        """Allgather a small float64 vector of per-rank facts (counts, flags, maxima)."""
+        self.traffic.record("agreement", everyone.nbytes, self.comm.Get_size())
+        with self.watchdog.waiting("agreement"):
+            self.comm.Allgather(local, everyone)
 
     def reduce_scatter(self, send, recv, blocking: bool = True) -> Pending:
         """Sum ``send`` (world_size * len(recv) elements) over ranks; keep this rank's block."""
@@ -90,7 +100,9 @@ class Collectives:
     def _run(self, op: str, full_bytes: int, collective, send, recv, blocking: bool) -> Pending:
         """Count the call, start ``collective(send, recv)`` on wire views, and wait if blocking."""
         self.traffic.record(op, full_bytes, self.comm.Get_size())
-        pending = self._start(collective, _wire(send), _wire(recv))
+        with self.watchdog.waiting(op):
+            pending = self._start(collective, _wire(send), _wire(recv))
+        pending.op, pending.watchdog = op, self.watchdog
         if blocking:
             pending.wait()
         return pending

@@ -24,6 +24,7 @@ class ZeroConfig:
     - clip_norm: clip the global gradient norm to this, or None.
     - on_nonfinite: a NaN/Inf gradient on any rank ``raise``s on every rank, or ``skip``s the step.
     - overlap: start collectives nonblocking so they overlap computation.
+    - watchdog: seconds one collective may wait before the job is ended with a report, or None.
     """
 
     stage: int = 2
@@ -33,6 +34,7 @@ class ZeroConfig:
     clip_norm: float | None = None
     on_nonfinite: str = "raise"
     overlap: bool = True
+    watchdog: float | None = None
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES or isinstance(self.stage, bool):
@@ -46,5 +48,7 @@ class ZeroConfig:
             raise ValueError(f"param_dtype must be one of {dtypes}, got {self.param_dtype!r}")
         if self.clip_norm is not None and not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
             raise ValueError(f"clip_norm must be a positive number or None, got {self.clip_norm!r}")
+        if self.watchdog is not None and not (math.isfinite(self.watchdog) and self.watchdog > 0):
+            raise ValueError(f"watchdog must be a positive number of seconds or None, got {self.watchdog!r}")
         if self.on_nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {self.on_nonfinite!r}")

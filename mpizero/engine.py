@@ -64,8 +64,8 @@ class ZeroEngine:
         self.config = ZeroConfig(**settings)
         self.optimizer = optimizer
         self.reduction = REDUCTIONS[self.config.reduction]
-        self.collectives = Collectives(self.comm)
-        self.step_count = self.skipped_steps = self.attempts = 0
+        self.collectives = Collectives(self.comm, self.config.watchdog)
+        self.step_count = self.skipped_steps = 0
         self.peak_gathered_groups = 0
         self.memory_log = MemoryLog()
         self._pending: dict[int, list[int]] = {}
@@ -74,8 +74,7 @@ class ZeroEngine:
         self.names = list(params)
         group_names = [self.names] if groups is None else [list(g) for g in groups]
         agree.raise_if_any(self.comm, _check_params(params, group_names), "bad parameters")
-        agree.raise_unless_equal(self.comm, self._signature(params, group_names), "the model and settings")
-        agree.raise_unless_equal(self.comm, _digest(params), "initial parameter values")
+        agree.raise_unless_equal(self.comm, self._signature(params, group_names))
         xp = array_module(next(iter(params.values())))
         rank, size = self.comm.Get_rank(), self.comm.Get_size()
         plan = sharding(self.config.stage)
@@ -89,9 +88,18 @@ class ZeroEngine:
         self.numel = sum(g.layout.numel for g in self.groups)
         self._note_gathered()
 
-    def _signature(self, params: Mapping, group_names) -> tuple:
-        shapes = tuple((n, tuple(a.shape), str(a.dtype)) for n, a in params.items())
-        return (shapes, tuple(map(tuple, group_names)), self.config, repr(self.optimizer))
+    def _signature(self, params: Mapping, group_names) -> dict:
+        """What every rank must agree on before the first collective, field by field."""
+        return {
+            "the parameter count": sum(int(a.size) for a in params.values()),
+            "the parameter names": tuple(params),
+            "the parameter shapes": tuple(tuple(a.shape) for a in params.values()),
+            "the parameter dtypes": tuple(str(a.dtype) for a in params.values()),
+            "the groups": tuple(map(tuple, group_names)),
+            "the settings": self.config,
+            "the optimizer": repr(self.optimizer),
+            "the initial parameter values": _digest(params),
+        }
 
     # Parameters -----------------------------------------------------------
 
@@ -112,6 +120,7 @@ class ZeroEngine:
     def gather(self, index: int, blocking: bool = True) -> dict:
         """Gather group ``index``'s full params (stage 3); return its views by name once complete."""
         group = self.groups[index]
+        self.collectives.watchdog.context = f"step {self.step_number}, gathering group {index}"
         group.gather(self.collectives, blocking=blocking or not self.config.overlap)
         self._note_gathered()
         return group.views() if group.state is ParamState.UNSHARDED else {}
@@ -119,6 +128,11 @@ class ZeroEngine:
     def release(self, index: int) -> None:
         """Free group ``index``'s full params if the stage keeps only shards."""
         self.groups[index].release()
+
+    @property
+    def step_number(self) -> int:
+        """The step being taken now (counting skipped steps), for messages."""
+        return self.step_count + self.skipped_steps + 1
 
     def _note_gathered(self) -> None:
         gathered = sum(g.state is not ParamState.SHARDED for g in self.groups if g.sharding.params)
@@ -142,8 +156,6 @@ class ZeroEngine:
 
     def start_reduce(self, index: int, contributions: Sequence[Mapping]) -> None:
         """Agree on group ``index``'s scales with all ranks, encode, and start its gradient collective."""
-        if not self._pending and not self._skipping:
-            self.attempts += 1
         if self._skipping:
             return
         group = self.groups[index]
@@ -154,26 +166,30 @@ class ZeroEngine:
             for column, spec in enumerate(group.layout.specs, start=2):
                 local[column] = max((max_abs(grads[spec.name]) for grads in contributions), default=0.0)
         stats = np.empty((self.comm.Get_size(), local.size))
-        self.comm.Allgather(local, stats)
-        self.collectives.traffic.record("agreement", stats.nbytes, self.comm.Get_size())
+        self.collectives.watchdog.context = f"step {self.step_number}, group {index}"
+        self.collectives.agree(local, stats)
         if stats[:, 1].any():
             self._abandon()
-            agree.raise_if_any(self.comm, problem, f"step {self.attempts}: bad gradients")
+            agree.raise_if_any(self.comm, problem, f"step {self.step_number}: bad gradients")
         self._count = int(stats[:, 0].sum())
         if self._count == 0:
             self._abandon()
-            raise agree.ZeroError(f"step {self.attempts}: no rank handed in any gradients")
+            raise agree.ZeroError(f"step {self.step_number}: no rank handed in any gradients")
         bad_ranks = [r for r in range(stats.shape[0]) if not np.isfinite(stats[r, 2:]).all()]
         if bad_ranks:
             self._on_nonfinite(index, bad_ranks)
             return
-        scales = [self.reduction.scale_for(float(m), self._count) for m in stats[:, 2:].max(axis=0)]
+        try:
+            scales = [self.reduction.scale_for(float(m), self._count) for m in stats[:, 2:].max(axis=0)]
+        except OverflowError as error:  # every rank computes the same scales, so every rank gets here
+            self._abandon()
+            raise agree.ZeroError(f"step {self.step_number}: {error}") from None
         group.start_reduce(self.collectives, self.reduction, contributions, scales, blocking=not self.config.overlap)
         self._pending[index] = scales
         self.memory_log.sample(self.memory())
 
     def _on_nonfinite(self, index: int, bad_ranks: list[int]) -> None:
-        message = f"step {self.attempts}: non-finite gradient in group {index} on ranks {bad_ranks}"
+        message = f"step {self.step_number}: non-finite gradient in group {index} on ranks {bad_ranks}"
         self._abandon()
         if self.config.on_nonfinite == "raise":
             raise agree.ZeroError(message)
@@ -194,7 +210,7 @@ class ZeroEngine:
         if sorted(self._pending) != list(range(len(self.groups))):
             missing = sorted(set(range(len(self.groups))) - set(self._pending))
             self._abandon()
-            raise agree.ZeroError(f"step {self.attempts}: groups {missing} were never reduced")
+            raise agree.ZeroError(f"step {self.step_number}: groups {missing} were never reduced")
         for index, scales in self._pending.items():
             self.groups[index].finish_reduce(self.reduction, scales, self._count)
         self._pending.clear()

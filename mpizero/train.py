@@ -48,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loss-scale-power", type=int, default=16, help="fp16: initial loss scale 2**this")
     parser.add_argument("--bucket-elems", type=int, default=DEFAULT_BUCKET_ELEMS)
     parser.add_argument("--no-overlap", action="store_true", help="use blocking collectives only")
+    parser.add_argument("--watchdog", type=float, default=300.0, help="seconds a collective may wait (0: off)")
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--save-params", default=None, help="write the final fp32 master parameters (.npy)")
     parser.add_argument("--memory-json", default=None, help="write rank 0's memory report (JSON)")
@@ -142,6 +143,7 @@ def make_engine(args, model, precision, comm) -> ZeroEngine:
         clip_norm=args.clip_norm or None,
         on_nonfinite="skip" if precision.loss_scaling else "raise",
         overlap=not args.no_overlap,
+        watchdog=args.watchdog or None,
     )
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import agree
 from .model import forward_backward, param_shapes, unit_names
 from .partition import split_evenly
 from .precision import LossScaler, Precision
@@ -84,9 +85,15 @@ class Trainer:
         comm = self.engine.comm
         mine = list(split_evenly(total, comm.Get_size(), comm.Get_rank()))
         rounds = -(-total // comm.Get_size())
+        loaded, problem = {}, None
+        try:
+            loaded = {m: micro_batches(m) for m in mine}
+        except Exception as error:  # a failed load stops every rank, not just this one
+            problem = f"micro-batch failed to load: {type(error).__name__}: {error}"
+        agree.raise_if_any(comm, problem, f"step {self.engine.step_number}: loading data")
         losses, stored = {}, []
         for r in range(rounds):
-            batch = micro_batches(mine[r]) if r < len(mine) else None
+            batch = loaded[mine[r]] if r < len(mine) else None
             loss, grads = self._forward_backward(batch, last_round=r == rounds - 1, stored=stored)
             if batch is not None:
                 losses[mine[r]] = loss

@@ -24,6 +24,7 @@ from .transformer import Transformer
 
 WIDTHS = (13, 31, 29, 5)
 VOCAB = 11
+REFERENCE_SETTINGS = ("param_dtype", "clip_norm", "on_nonfinite")
 NATIVE_TOLERANCE = 1e-4
 
 
@@ -42,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clip-norm", type=float, default=1.0, help="0 disables clipping")
     parser.add_argument("--bucket-elems", type=int, default=500, help="stages 0-2: elements per gradient bucket")
     parser.add_argument("--perturb-rank", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--watchdog", type=float, default=300.0, help="seconds a collective may wait (0: off)")
 
 
 def build_model(name: str):
@@ -103,13 +105,14 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
     precision = PRECISIONS[args.precision]
     numerics = dict(
         param_dtype=precision.param_dtype.name,
+        watchdog=args.watchdog or None,
         clip_norm=args.clip_norm or None,
         on_nonfinite="skip" if precision.loss_scaling else "raise",
     )
     groups = make_groups(model, sharding(stage).params, args.bucket_elems)
     engine = ZeroEngine(params, optimizer, comm=comm, groups=groups, stage=stage, reduction=args.reduction, **numerics)
     trainer = Trainer(model, engine, precision)
-    reference = Reference(params, optimizer, args.reduction, **numerics)
+    reference = Reference(params, optimizer, args.reduction, **{k: numerics[k] for k in REFERENCE_SETTINGS})
     scaler = LossScaler() if precision.loss_scaling else None
     worst, first_mismatch = 0.0, None
     for step in range(1, args.steps + 1):

@@ -101,3 +101,12 @@ def test_layout_views_and_locate():
     flat = np.arange(9.0)
     views = layout.views(flat)
     assert views["w"].shape == (2, 3) and views["b"].tolist() == [6.0, 7.0, 8.0]
+
+
+@given(st.integers(2**31, 2**40), st.integers(1, 4096), st.integers(1, 64))
+def test_sizes_past_32_bit_indexing(numel, world, align):
+    p = Partition(numel, world, align)
+    last_start, last_stop = p.shard_range(world - 1)
+    assert last_stop == p.padded_numel >= numel and p.owner(numel - 1) == (numel - 1) // p.shard_numel
+    layout = FlatLayout.from_shapes({"a": (numel,), "b": (2**20, 2**14)})
+    assert layout.locate(numel + 5) == ("b", (0, 5)) and layout.numel == numel + 2**34

@@ -99,7 +99,10 @@ def check_disagreement_at_setup_fails_on_every_rank():
     params = MODEL.init(1)
     if rank == size - 1:
         params["l2.b"] = np.zeros(4, np.float32)
-    expect_error(lambda: ZeroEngine(params, SGD(lr=0.1), comm=comm), "ranks disagree on the model", f"[{size - 1}]")
+    expect_error(
+        lambda: ZeroEngine(params, SGD(lr=0.1), comm=comm), "ranks disagree on the parameter count", f"[{size - 1}]"
+    )
+    expect_error(lambda: ZeroEngine(MODEL.init(1), SGD(lr=0.1), comm=comm, stage=1 + (rank == 0)), "on the settings")
     params = MODEL.init(1)
     if rank == 0:
         params["l0.b"][0] = 1.0

