@@ -1,13 +1,15 @@
 """Gradient reduction and parameter gather: mpizero's paths against raw mpi4py, same buffers.
 
 Run: mpiexec -n 2 python benchmarks/bench_collectives.py [--sizes-mib 1 16 64] [--repeat 5]
-Prints, per float32 buffer size, the median seconds of each path and its ratio to raw
-``Reduce_scatter_block`` / ``Allgather`` on float32 (ratios are what to compare: one run).
+Prints, per float32 gradient size, the median seconds of each path and its time
+relative to the raw mpi4py call it replaces on the same buffers (x raw < 1: faster);
+i64 rows move the exact reduction's int64 wire. Ratios are what to compare: one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -15,6 +17,7 @@ from mpi4py import MPI
 
 from mpizero.collectives import Collectives
 from mpizero.layout import FlatLayout
+from mpizero.reduce_scatter import ENV_VAR, reduce_scatter_in_pieces
 from mpizero.reduction import REDUCTIONS
 
 
@@ -35,7 +38,7 @@ def reduction_path(coll, reduction, grads, specs, shard_out):
     scale = reduction.scale_for(1.0, coll.comm.Get_size())
 
     def run():
-        reduction.encode(local, [grads], specs, scale)
+        reduction.encode(local, [grads], specs, [scale])
         coll.reduce_scatter(local, reduced)
         reduction.decode(reduced, scale, coll.comm.Get_size(), shard_out)
 
@@ -43,36 +46,61 @@ def reduction_path(coll, reduction, grads, specs, shard_out):
 
 
 def measure(comm, coll, mib: int, repeat: int) -> list[tuple]:
-    """Time every path on one buffer size; return ``(MiB, path, seconds, GiB/s, ratio to raw)`` rows."""
+    """Time every path on one buffer size; return ``(MiB, path, seconds, GiB/s, ratio to raw)`` rows.
+
+    Sizes are of the float32 gradient; int64 rows move twice the bytes (the exact reduction's wire).
+    """
     size = comm.Get_size()
     numel = mib * 2**20 // 4 // size * size
     grad = np.random.default_rng(comm.Get_rank()).uniform(-1, 1, numel).astype(np.float32)
+    wide = np.ones(numel, np.int64)
     specs = FlatLayout.from_shapes({"g": (numel,)}).specs
-    shard = np.empty(numel // size, np.float32)
+    shard, wide_shard = np.empty(numel // size, np.float32), np.empty(numel // size, np.int64)
     full = np.zeros(numel, np.float32)
+    os.environ[ENV_VAR] = "mpi"
     raw_rs = median_seconds(comm, lambda: comm.Reduce_scatter_block(grad, shard, op=MPI.SUM), repeat)
+    raw_wide = median_seconds(comm, lambda: comm.Reduce_scatter_block(wide, wide_shard, op=MPI.SUM), repeat)
     raw_ag = median_seconds(comm, lambda: comm.Allgather(shard, full), repeat)
-    paths = {
-        "raw Reduce_scatter_block f32": raw_rs,
-        "mpizero native (encode+RS+decode)": median_seconds(
-            comm, reduction_path(coll, REDUCTIONS["native"], {"g": grad}, specs, shard), repeat
+    paths = [
+        ("raw Reduce_scatter_block f32", raw_rs, raw_rs),
+        (
+            "mpizero reduce_scatter f32 (one call)",
+            median_seconds(comm, lambda: coll.reduce_scatter(grad, shard), repeat),
+            raw_rs,
         ),
-        "mpizero exact (int64 encode+RS+decode)": median_seconds(
-            comm, reduction_path(coll, REDUCTIONS["exact"], {"g": grad}, specs, shard), repeat
+        ("raw Reduce_scatter_block i64", raw_wide, raw_wide),
+        (
+            "mpizero reduce_scatter i64 (one call)",
+            median_seconds(comm, lambda: coll.reduce_scatter(wide, wide_shard), repeat),
+            raw_wide,
         ),
-        "raw Allgather f32": raw_ag,
-        "mpizero allgather_in_place": median_seconds(comm, lambda: coll.allgather_in_place(full), repeat),
-    }
-    rows = []
-    for name, seconds in paths.items():
-        base = raw_ag if "gather" in name.lower() else raw_rs
-        rows.append((mib, name, seconds, mib / seconds / 1024, seconds / base))
-    return rows
+        (
+            "mpizero reduce_scatter i64 (pieces)",
+            median_seconds(comm, lambda: reduce_scatter_in_pieces(comm, wide, wide_shard), repeat),
+            raw_wide,
+        ),
+        (
+            "mpizero native: encode+RS+decode",
+            median_seconds(comm, reduction_path(coll, REDUCTIONS["native"], {"g": grad}, specs, shard), repeat),
+            raw_rs,
+        ),
+    ]
+    os.environ[ENV_VAR] = "auto"
+    paths += [
+        (
+            "mpizero exact: encode+RS+decode (auto)",
+            median_seconds(comm, reduction_path(coll, REDUCTIONS["exact"], {"g": grad}, specs, shard), repeat),
+            raw_rs,
+        ),
+        ("raw Allgather f32", raw_ag, raw_ag),
+        ("mpizero allgather f32", median_seconds(comm, lambda: coll.allgather(shard, full), repeat), raw_ag),
+    ]
+    return [(mib, name, seconds, mib / seconds / 1024, seconds / base) for name, seconds, base in paths]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
@@ -80,9 +108,9 @@ def main() -> None:
     rows = [row for mib in args.sizes_mib for row in measure(comm, coll, mib, args.repeat)]
     if comm.Get_rank() == 0:
         print(f"ranks {comm.Get_size()}, median of {args.repeat}, float32 buffer sizes")
-        print(f"{'MiB':>5}  {'path':<40} {'seconds':>9} {'GiB/s':>7} {'x raw':>6}")
+        print(f"{'MiB':>5}  {'path':<42} {'seconds':>9} {'GiB/s f32':>9} {'x raw':>6}")
         for mib, name, seconds, rate, ratio in rows:
-            print(f"{mib:>5}  {name:<40} {seconds:>9.4f} {rate:>7.2f} {ratio:>6.2f}")
+            print(f"{mib:>5}  {name:<42} {seconds:>9.4f} {rate:>9.2f} {ratio:>6.2f}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 from .arrays import array_module, is_device_array
 from .cuda_aware import cuda_aware
+from .reduce_scatter import reduce_scatter_in_pieces, use_pieces
 from .watchdog import Watchdog
 
 WIRE_VIEWS = {"bfloat16": np.uint16, "float16": np.uint16}
@@ -79,9 +80,17 @@ class Collectives:
             self.comm.Allgather(local, everyone)
 
     def reduce_scatter(self, send, recv, blocking: bool = True) -> Pending:
-        """Sum ``send`` (world_size * len(recv) elements) over ranks; keep this rank's block."""
+        """Sum ``send`` (world_size * len(recv) elements) over ranks; keep this rank's block.
+
+        Large host buffers go in pieces (``reduce_scatter``), blocking: measured faster than one call.
+        """
+        if not is_device_array(send) and use_pieces(send.nbytes):
+            return self._run("reduce_scatter", send.nbytes, self._in_pieces, send, recv, True)
         call = self.comm.Reduce_scatter_block if blocking else self.comm.Ireduce_scatter_block
         return self._run("reduce_scatter", send.nbytes, lambda s, r: call(s, r, op=MPI.SUM), send, recv, blocking)
+
+    def _in_pieces(self, send, recv) -> None:
+        reduce_scatter_in_pieces(self.comm, send, recv)
 
     def allreduce(self, send, recv, blocking: bool = True) -> Pending:
         """Sum ``send`` over ranks into ``recv`` on every rank."""

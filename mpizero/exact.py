@@ -51,24 +51,25 @@ def max_abs(x) -> float:
 
 
 def sum_into(total, sources, k: int) -> None:
-    """Write ``sum(rint(x * 2**k) for x in sources)`` into the int64 array ``total``.
+    """Write ``sum(rint(x * 2**k) for x in sources)`` (float32 sources) into the int64 array ``total``.
 
-    Host arrays are processed in cache-sized chunks, each chunk of ``total``
-    written once; device arrays in one pass (fewer kernel launches).
+    ``x * 2**k`` is exact in float32: it stays below 2**62, and anything small
+    enough to underflow rounds to 0 either way. Host arrays are processed in
+    cache-sized chunks, each chunk of ``total`` written once; device arrays in
+    one pass (fewer kernel launches).
     """
     xp = array_module(total)
     n = total.size
     chunk = CHUNK if xp is np else max(n, 1)
-    scaled = xp.empty(min(n, chunk), dtype=np.float64)
+    scaled = xp.empty(min(n, chunk), dtype=np.float32)
     as_int = xp.empty(min(n, chunk), dtype=np.int64)
-    scale = math.ldexp(1.0, k)
     if not sources:
         total[...] = 0
     for start in range(0, n, chunk):
         stop = min(start + chunk, n)
         out, tmp, tmp_int = total[start:stop], scaled[: stop - start], as_int[: stop - start]
         for index, x in enumerate(sources):
-            xp.multiply(x[start:stop], scale, out=tmp, dtype=np.float64)
+            xp.ldexp(x[start:stop], k, out=tmp)
             xp.rint(tmp, out=tmp)
             if index == 0:
                 out[...] = tmp
@@ -84,10 +85,14 @@ def decode(total, k: int, count: int, out) -> None:
     n = total.size
     chunk = CHUNK if xp is np else max(n, 1)
     divisor = math.ldexp(float(count), k)  # exact: (S * 2**-k) / count == S / (count * 2**k)
+    power_of_two = count & (count - 1) == 0  # then multiplying by the exact reciprocal is the same division
     scaled = xp.empty(min(n, chunk), dtype=np.float64)
     for start in range(0, n, chunk):
         stop = min(start + chunk, n)
         tmp = scaled[: stop - start]
         tmp[...] = total[start:stop]
-        tmp /= divisor
+        if power_of_two:
+            tmp *= 1.0 / divisor
+        else:
+            tmp /= divisor
         flat_out[start:stop] = tmp

@@ -14,6 +14,7 @@ from mpizero import SGD, Adam, Reference, ZeroEngine, ZeroError, split_evenly
 from mpizero.collectives import Collectives
 from mpizero.mlp import MLP, regression_batch
 from mpizero.model import forward_backward
+from mpizero.reduce_scatter import reduce_scatter_in_pieces
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -142,6 +143,17 @@ def check_host_staging():
     assert coll.traffic.calls == {"reduce_scatter": 1, "allgather": 1}
 
 
+def check_reduce_scatter_in_pieces():
+    rng = np.random.default_rng(rank)
+    for block in (1, 7, 1000):
+        send = rng.integers(-(2**50), 2**50, size * block)
+        whole, pieces = np.empty(block, np.int64), np.empty(block, np.int64)
+        comm.Reduce_scatter_block(send, whole)
+        reduce_scatter_in_pieces(comm, send, pieces, piece_bytes=8 * size * 3)
+        assert whole.tobytes() == pieces.tobytes(), block
+
+
+check_reduce_scatter_in_pieces()
 check_bitwise_against_reference()
 check_native_is_close_not_claimed_bitwise()
 check_memory_by_stage()

@@ -1,0 +1,194 @@
+"""mpizero against PyTorch DDP and FSDP2 (gloo) on the same MLP, optimizer, batch and threads.
+
+Run: python benchmarks/bench_peers.py --ranks 2   (needs torch: pip install -e ".[peers]")
+Model: ``--layers`` Linear(width, width) layers with ReLU between, MSE loss, Adam,
+global batch ``--batch``, fp32, one thread per rank. Every configuration runs in
+its own ``mpiexec -n RANKS`` job; the table gives the median step time after
+warm-up, its ratio to DDP, and the largest peak RSS of any rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve()
+CONFIGS = [
+    "torch-ddp",
+    "torch-fsdp2",
+    "mpizero-0-exact",
+    "mpizero-1-exact",
+    "mpizero-2-exact",
+    "mpizero-3-exact",
+    "mpizero-2-native",
+    "mpizero-3-native",
+]
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--configs", nargs="+", default=CONFIGS, choices=CONFIGS)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def local_batch(args, rank: int, size: int, step: int):
+    rng = np.random.default_rng([step, rank])
+    per_rank = args.batch // size
+    x = rng.standard_normal((per_rank, args.width)).astype(np.float32)
+    return x, np.tanh(x[:, ::-1]).copy()
+
+
+def timed_steps(args, comm_barrier, step_fn) -> list[float]:
+    times = []
+    for step in range(1, args.steps + 1):
+        comm_barrier()
+        start = time.perf_counter()
+        step_fn(step)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def mpizero_worker(args, config: str) -> dict:
+    from mpi4py import MPI
+
+    from mpizero import Adam, ZeroEngine
+    from mpizero.mlp import MLP
+    from mpizero.precision import PRECISIONS
+    from mpizero.stages import sharding
+    from mpizero.trainer import Trainer, make_groups
+
+    comm = MPI.COMM_WORLD
+    _, stage, reduction = config.split("-")
+    stage = int(stage)
+    model = MLP((args.width,) * (args.layers + 1))
+    engine = ZeroEngine(
+        model.init(0),
+        Adam(lr=1e-4),
+        comm=comm,
+        stage=stage,
+        reduction=reduction,
+        groups=make_groups(model, sharding(stage).params, 1 << 21),
+    )
+    trainer = Trainer(model, engine, PRECISIONS["fp32"])
+    size = comm.Get_size()
+    times = timed_steps(args, comm.Barrier, lambda step: trainer.step(lambda m: local_batch(args, m, size, step), size))
+    slowest = np.empty(len(times))
+    comm.Allreduce(np.array(times), slowest, op=MPI.MAX)
+    return {
+        "times": slowest.tolist(),
+        "rss": comm.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, op=MPI.MAX),
+    }
+
+
+def torch_worker(args, config: str) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=size)
+    torch.manual_seed(0)
+    layers = []
+    for i in range(args.layers):
+        layers.append(torch.nn.Linear(args.width, args.width))
+        if i < args.layers - 1:
+            layers.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers)
+    if config == "torch-ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def step_fn(step: int) -> None:
+        x, y = (torch.from_numpy(a) for a in local_batch(args, rank, size, step))
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+    times = timed_steps(args, dist.barrier, step_fn)
+    slowest = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss], dtype=torch.float64)
+    dist.all_reduce(rss, op=dist.ReduceOp.MAX)
+    dist.destroy_process_group()
+    return {"times": slowest.tolist(), "rss": float(rss[0])}
+
+
+def run_config(args, config: str) -> dict:
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    command = [
+        str(mpiexec if mpiexec.exists() else "mpiexec"),
+        "-n",
+        str(args.ranks),
+        sys.executable,
+        str(HERE),
+        "--worker",
+        config,
+        "--width",
+        str(args.width),
+        "--layers",
+        str(args.layers),
+        "--batch",
+        str(args.batch),
+        "--steps",
+        str(args.steps),
+    ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29517",
+    }
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1200, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"{config} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    args = parse()
+    if args.worker:
+        result = (torch_worker if args.worker.startswith("torch") else mpizero_worker)(args, args.worker)
+        if int(os.environ.get("PMI_RANK", "0")) == 0:
+            print(json.dumps(result), flush=True)
+        return
+    from threadpoolctl import threadpool_info
+
+    blas = {i.get("internal_api") for i in threadpool_info()}
+    rows = {config: run_config(args, config) for config in args.configs}
+    params = args.layers * (args.width * args.width + args.width)
+    print(
+        f"{args.layers}-layer {args.width}x{args.width} ReLU MLP ({params:,} parameters), Adam, global batch "
+        f"{args.batch}, fp32, {args.ranks} ranks, 1 thread per rank ({', '.join(sorted(blas))})"
+    )
+    print(f"{'configuration':<18} {'step ms':>9} {'x DDP':>7} {'peak RSS MiB':>13}")
+    ddp = np.median(rows["torch-ddp"]["times"][2:]) if "torch-ddp" in rows else None
+    for config, row in rows.items():
+        median = float(np.median(row["times"][2:]))
+        ratio = f"{median / ddp:7.2f}" if ddp else f"{'-':>7}"
+        print(f"{config:<18} {median * 1e3:>9.1f} {ratio} {row['rss'] / 1024:>13.0f}")
+
+
+if __name__ == "__main__":
+    main()
