@@ -29,6 +29,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--model", default="transformer", choices=["mlp", "transformer"])
     parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--widths", type=int, nargs="+", default=None, help="sweep model widths (overrides --width)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--global-batch", type=int, default=32)
     parser.add_argument("--micro-batches", type=int, default=4)
@@ -112,23 +113,26 @@ def main() -> None:
     if args.worker:
         return worker(args)
     rows = []
-    for precision, reduction, overlap, stage in itertools.product(
-        args.precisions, args.reductions, args.overlap, args.stages
-    ):
-        rows.append((precision, reduction, overlap, stage, run_config(args, stage, precision, reduction, overlap)))
+    for width in args.widths or [args.width]:
+        args.width = width
+        for precision, reduction, overlap, stage in itertools.product(
+            args.precisions, args.reductions, args.overlap, args.stages
+        ):
+            row = run_config(args, stage, precision, reduction, overlap)
+            rows.append((width, precision, reduction, overlap, stage, row))
     print(
-        f"{args.model} width {args.width} layers {args.layers}: {rows[0][4]['params']:,} parameters, "
-        f"{args.ranks} ranks, global batch {args.global_batch} in {args.micro_batches} micro-batches"
+        f"{args.model}, {args.layers} layers, {args.ranks} ranks, global batch {args.global_batch} in "
+        f"{args.micro_batches} micro-batches, median of {args.steps - 2} steps after 2 warm-up"
     )
-    header = ("precision", "reduction", "overlap", "stage", "step ms", "x stage 0", "peak RSS MiB")
-    print("{:<9} {:<9} {:<7} {:>5} {:>9} {:>9} {:>12}".format(*header))
-    baseline = {(p, r, o): row["step_s"] for p, r, o, s, row in rows if s == 0}
-    for precision, reduction, overlap, stage, row in rows:
-        base = baseline.get((precision, reduction, overlap))
+    header = ("width", "params", "precision", "reduction", "overlap", "stage", "step ms", "x stage 0", "peak RSS MiB")
+    print("{:>6} {:>12} {:<9} {:<9} {:<7} {:>5} {:>9} {:>9} {:>12}".format(*header))
+    baseline = {(w, p, r, o): row["step_s"] for w, p, r, o, s, row in rows if s == 0}
+    for width, precision, reduction, overlap, stage, row in rows:
+        base = baseline.get((width, precision, reduction, overlap))
         ratio = f"{row['step_s'] / base:9.2f}" if base else f"{'-':>9}"
         print(
-            f"{precision:<9} {reduction:<9} {overlap:<7} {stage:>5} {row['step_s'] * 1e3:>9.1f} {ratio} "
-            f"{row['peak_rss_mib']:>12.0f}"
+            f"{width:>6} {row['params']:>12,} {precision:<9} {reduction:<9} {overlap:<7} {stage:>5} "
+            f"{row['step_s'] * 1e3:>9.1f} {ratio} {row['peak_rss_mib']:>12.0f}"
         )
 
 

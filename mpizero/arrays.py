@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .agree import ZeroError
+
 
 def is_device_array(a) -> bool:
     """True for a GPU buffer (CuPy or anything exporting ``__cuda_array_interface__``)."""
@@ -28,3 +30,32 @@ def bits(a) -> np.ndarray:
     """Return the raw bytes of a host or device array as a host uint8 array."""
     host = np.ascontiguousarray(to_host(a))
     return host.reshape(-1).view(np.uint8)
+
+
+DEVICES = ("cpu", "gpu")
+
+
+def device_module(device: str):
+    """Return the array module for ``cpu`` (NumPy) or ``gpu`` (CuPy), saying what is missing if it cannot."""
+    if device == "cpu":
+        return np
+    try:
+        import cupy
+    except ImportError:
+        raise ZeroError('--device gpu needs CuPy: pip install -e ".[cuda12]" (or ".[cuda13]")') from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as error:
+        raise ZeroError(f"--device gpu: CUDA is not usable ({error})") from None
+    if count < 1:
+        raise ZeroError("--device gpu: CuPy sees no CUDA device")
+    return cupy
+
+
+def to_device(value, xp):
+    """Move arrays (alone, or in tuples, lists and dicts) to ``xp``'s memory."""
+    if isinstance(value, dict):
+        return {k: to_device(v, xp) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_device(v, xp) for v in value)
+    return value if xp is np else xp.asarray(value)

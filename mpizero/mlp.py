@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .arrays import array_module
 from .model import mean_squared_error, param_shapes, softmax_cross_entropy
 
 
@@ -27,7 +28,7 @@ class Dense:
 
     def forward(self, x, params):
         z = x @ params[f"{self.name}.w"] + params[f"{self.name}.b"]  # (B, d_out)
-        out = np.maximum(z, 0) if self.relu else z
+        out = array_module(z).maximum(z, 0) if self.relu else z
         return out, (x, z)
 
     def backward(self, dout, cache, params):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arrays import array_module
+
 
 def param_shapes(model) -> dict[str, tuple[int, ...]]:
     """All parameter shapes of a model, unit by unit, in order."""
@@ -42,18 +44,19 @@ def forward_backward(model, params, x, target, loss_scale: float = 1.0):
 def mean_squared_error(out, target):
     """Return the mean squared error and its gradient with respect to ``out``."""
     diff = out - target
-    return float(np.mean(diff * diff)), diff * np.float32(2.0 / diff.size)
+    return float((diff * diff).mean()), diff * np.float32(2.0 / diff.size)
 
 
 def softmax_cross_entropy(logits, labels):
     """Return the mean cross-entropy of integer ``labels`` and its gradient; logits (..., classes)."""
+    xp = array_module(logits)
     flat = logits.reshape(-1, logits.shape[-1])  # (N, C)
     shifted = flat - flat.max(axis=1, keepdims=True)
-    exp = np.exp(shifted)
+    exp = xp.exp(shifted)
     total = exp.sum(axis=1, keepdims=True)
-    rows = np.arange(flat.shape[0])
+    rows = xp.arange(flat.shape[0])
     labels = labels.reshape(-1)
-    loss = float(np.mean(np.log(total[:, 0]) - shifted[rows, labels]))
+    loss = float((xp.log(total[:, 0]) - shifted[rows, labels]).mean())
     dlogits = exp / total
     dlogits[rows, labels] -= 1
     dlogits *= np.float32(1.0 / flat.shape[0])

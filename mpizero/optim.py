@@ -11,7 +11,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from .arrays import array_module
+
+CHUNK = 1 << 15  # elements per host chunk: an update's temporaries stay in cache
+
+
+def chunks(param):
+    """Yield slices covering a flat host buffer in cache-sized pieces (device buffers: one slice)."""
+    n = param.size
+    step = CHUNK if array_module(param) is np else max(n, 1)
+    for start in range(0, n, step):
+        yield slice(start, min(start + step, n))
+
+
+def flat(a):
+    """A 1-D view of a contiguous array (updates through it land in ``a``)."""
+    if not a.flags.c_contiguous:
+        raise ValueError(f"optimizer buffers must be contiguous, got strides {a.strides}")
+    return a.reshape(-1)
 
 
 def _check(name: str, value: float, low: float, high: float = math.inf, closed_high=False) -> None:
@@ -40,6 +59,11 @@ class SGD:
 
     def update(self, param, grad, state: dict, step: int) -> None:
         """Update ``param`` in place from ``grad``; ``step`` counts from 1."""
+        param, grad, state = flat(param), flat(grad), {k: flat(v) for k, v in state.items()}
+        for part in chunks(param):
+            self._update(param[part], grad[part], {k: v[part] for k, v in state.items()})
+
+    def _update(self, param, grad, state: dict) -> None:
         if self.weight_decay:
             grad = grad + self.weight_decay * param
         if self.momentum:
@@ -74,6 +98,11 @@ class Adam:
 
     def update(self, param, grad, state: dict, step: int) -> None:
         """Update ``param`` in place from ``grad``; ``step`` counts from 1."""
+        param, grad, state = flat(param), flat(grad), {k: flat(v) for k, v in state.items()}
+        for part in chunks(param):
+            self._update(param[part], grad[part], {k: v[part] for k, v in state.items()}, step)
+
+    def _update(self, param, grad, state: dict, step: int) -> None:
         xp = array_module(param)
         beta1, beta2 = self.betas
         if self.weight_decay and self.decoupled:

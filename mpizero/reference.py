@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from . import exact, norm
+from .arrays import array_module
 
 
 class Reference:
@@ -28,10 +29,11 @@ class Reference:
         clip_norm: float | None = None,
         on_nonfinite: str = "raise",
     ) -> None:
-        self.params = {name: np.array(a, dtype=np.float32) for name, a in params.items()}
+        self.xp = array_module(next(iter(params.values())))
+        self.params = {name: self.xp.array(a, dtype=np.float32) for name, a in params.items()}
         self.optimizer, self.reduction = optimizer, reduction
         self.param_dtype, self.clip_norm, self.on_nonfinite = np.dtype(param_dtype), clip_norm, on_nonfinite
-        self.state = {n: {s: np.zeros_like(p) for s in optimizer.state_names} for n, p in self.params.items()}
+        self.state = {n: {s: self.xp.zeros_like(p) for s in optimizer.state_names} for n, p in self.params.items()}
         self.step_count = self.skipped_steps = 0
 
     def compute_params(self) -> dict[str, np.ndarray]:
@@ -40,7 +42,7 @@ class Reference:
 
     def step(self, contributions: Sequence[Mapping]) -> bool:
         """Average all ranks' contributions and update every tensor; return False if the step was skipped."""
-        if not all(np.isfinite(c[n]).all() for c in contributions for n in self.params):
+        if not all(bool(self.xp.isfinite(c[n]).all()) for c in contributions for n in self.params):
             if self.on_nonfinite == "raise":
                 raise FloatingPointError("non-finite gradient")
             self.skipped_steps += 1
@@ -61,14 +63,14 @@ class Reference:
         count = len(contributions)
         result = {}
         for name, param in self.params.items():
-            sources = [np.asarray(c[name], dtype=np.float32).reshape(-1) for c in contributions]
+            sources = [self.xp.asarray(c[name], dtype=np.float32).reshape(-1) for c in contributions]
             if self.reduction == "native":
                 result[name] = (_fold(sources) / np.float32(count)).reshape(param.shape)
                 continue
             scale = exact.exponent_for(max(exact.max_abs(s) for s in sources), count)
-            total = np.empty(param.size, dtype=np.int64)
+            total = self.xp.empty(param.size, dtype=np.int64)
             exact.sum_into(total, sources, scale)
-            result[name] = np.empty(param.shape, dtype=np.float32)
+            result[name] = self.xp.empty(param.shape, dtype=np.float32)
             exact.decode(total, scale, count, result[name])
         return result
 
@@ -76,7 +78,8 @@ class Reference:
 def _fold(arrays) -> np.ndarray:
     """Sum float32 arrays left to right: ((a0 + a1) + a2) + ..."""
     arrays = iter(arrays)
-    total = np.array(next(arrays), dtype=np.float32)
+    first = next(arrays)
+    total = array_module(first).array(first, dtype=np.float32)
     for a in arrays:
         total += a
     return total

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import checkpoint, faults, formulas
 from .agree import ZeroError
+from .arrays import DEVICES, device_module, to_device
 from .engine import ZeroEngine
 from .memory import format_bytes
 from .mlp import MLP
@@ -31,6 +32,7 @@ DEFAULT_BUCKET_ELEMS = 1 << 21  # 8 MiB of float32; see README for the measureme
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="mlp", choices=["mlp", "transformer"])
+    parser.add_argument("--device", default="cpu", choices=DEVICES, help="gpu: CuPy arrays (fp32 or fp16)")
     parser.add_argument("--stage", type=int, default=2, choices=sorted(STAGES))
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--global-batch", type=int, default=64, help="samples (sequences) per step, all ranks")
@@ -78,6 +80,8 @@ def check_arguments(args, world_size: int) -> None:
         problems.append(f"--micro-batches {args.micro_batches} is fewer than the {world_size} ranks")
     if args.lr <= 0 or args.clip_norm < 0 or args.bucket_elems < 1 or args.layers < 1:
         problems.append("--lr, --bucket-elems and --layers must be positive and --clip-norm >= 0")
+    if args.device == "gpu" and args.precision == "bf16":
+        problems.append("--precision bf16 is not available with --device gpu (CuPy has no bfloat16)")
     if problems:
         raise ZeroError("; ".join(problems))
 
@@ -92,7 +96,8 @@ def run(args, comm) -> int:
     data = Digits.load() if args.model == "mlp" else Corpus.load()
     model = build(args, None if args.model == "mlp" else len(data.alphabet))
     precision = PRECISIONS[args.precision]
-    engine = make_engine(args, model, precision, comm)
+    xp = device_module(args.device)
+    engine = make_engine(args, model, precision, comm, xp)
     trainer = Trainer(model, engine, precision, 2.0**args.loss_scale_power)
     first_step = resume(args, engine, trainer) + 1 if args.resume else 1
     size = args.global_batch // args.micro_batches
@@ -111,7 +116,7 @@ def run(args, comm) -> int:
         faults.maybe_kill("step", step, comm.Get_rank())
         engine.collectives.traffic.clear()
         start = time.perf_counter()
-        report = trainer.step(lambda m, step=step: batch(m, step), args.micro_batches)
+        report = trainer.step(lambda m, step=step: to_device(batch(m, step), xp), args.micro_batches)
         elapsed = time.perf_counter() - start
         if rank0 and (step % args.log_every == 0 or step in (first_step, args.steps)):
             print(progress_line(args, step, report, elapsed, engine.memory()), flush=True)
@@ -131,9 +136,9 @@ def run(args, comm) -> int:
     return 0
 
 
-def make_engine(args, model, precision, comm) -> ZeroEngine:
+def make_engine(args, model, precision, comm, xp) -> ZeroEngine:
     return ZeroEngine(
-        model.init(args.seed),
+        to_device(model.init(args.seed), xp),
         OPTIMIZERS[args.optimizer](lr=args.lr),
         comm=comm,
         groups=make_groups(model, sharding(args.stage).params, args.bucket_elems),

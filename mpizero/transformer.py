@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .arrays import array_module
 from .model import param_shapes, softmax_cross_entropy
 
 LN_EPS = 1e-5
@@ -23,7 +24,7 @@ GELU_C = math.sqrt(2.0 / math.pi)
 def layer_norm(x, gain, bias):
     mean = x.mean(axis=-1, keepdims=True)
     centred = x - mean
-    rstd = 1.0 / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + np.float32(LN_EPS))
+    rstd = 1.0 / array_module(x).sqrt((centred * centred).mean(axis=-1, keepdims=True) + np.float32(LN_EPS))
     normed = centred * rstd
     return normed * gain + bias, (normed, rstd, gain)
 
@@ -39,7 +40,7 @@ def layer_norm_backward(dout, cache):
 
 
 def gelu(x):
-    inner = np.tanh(np.float32(GELU_C) * (x + np.float32(0.044715) * x * x * x))
+    inner = array_module(x).tanh(np.float32(GELU_C) * (x + np.float32(0.044715) * x * x * x))
     return np.float32(0.5) * x * (1 + inner), inner
 
 
@@ -73,9 +74,10 @@ class Embedding:
         return params[f"{self.name}.tok"][tokens] + params[f"{self.name}.pos"][:T], tokens  # (B, T, D)
 
     def backward(self, dout, tokens, params):
-        dtok = np.zeros((self.vocab, self.width), dtype=dout.dtype)
-        np.add.at(dtok, tokens.reshape(-1), dout.reshape(-1, self.width))
-        dpos = np.zeros((self.block_size, self.width), dtype=dout.dtype)
+        xp = array_module(dout)
+        dtok = xp.zeros((self.vocab, self.width), dtype=dout.dtype)
+        xp.add.at(dtok, tokens.reshape(-1), dout.reshape(-1, self.width))
+        dpos = xp.zeros((self.block_size, self.width), dtype=dout.dtype)
         dpos[: tokens.shape[1]] = dout.sum(axis=0)
         return None, {f"{self.name}.tok": dtok, f"{self.name}.pos": dpos}
 
@@ -111,12 +113,13 @@ class Block:
     def _attention(self, h, p):
         B, T, D = h.shape
         hs = D // self.heads
+        xp = array_module(h)
         qkv = linear(h, p["attn.w"], p["attn.b"]).reshape(B, T, 3, self.heads, hs).transpose(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]  # (B, H, T, hs)
         scores = (q @ k.transpose(0, 1, 3, 2)) * np.float32(1.0 / math.sqrt(hs))  # (B, H, T, T)
-        scores = np.where(np.tril(np.ones((T, T), dtype=bool)), scores, np.float32(-np.inf))
+        scores = xp.where(xp.tril(xp.ones((T, T), dtype=bool)), scores, np.float32(-np.inf))
         scores = scores - scores.max(axis=-1, keepdims=True)
-        weights = np.exp(scores)
+        weights = xp.exp(scores)
         weights /= weights.sum(axis=-1, keepdims=True)
         y = (weights @ v).transpose(0, 2, 1, 3).reshape(B, T, D)
         return y, (q, k, v, weights)
@@ -140,7 +143,7 @@ class Block:
         dscores = weights * (dweights - (dweights * weights).sum(axis=-1, keepdims=True))
         dscores *= np.float32(1.0 / math.sqrt(hs))
         dq, dk = dscores @ k, dscores.transpose(0, 1, 3, 2) @ q
-        dqkv = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * D)
+        dqkv = array_module(dq).stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * D)
         dh1, grads[f"{n}.attn.w"], grads[f"{n}.attn.b"] = linear_backward(dqkv, h1, p["attn.w"])
         dln1, grads[f"{n}.ln1.g"], grads[f"{n}.ln1.b"] = layer_norm_backward(dh1, ln1)
         return dx2 + dln1, grads

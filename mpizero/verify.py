@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .arrays import bits, to_host
+from .arrays import DEVICES, bits, device_module, to_device, to_host
 from .engine import ZeroEngine
 from .memory import format_bytes
 from .mlp import MLP, regression_batch
@@ -31,6 +31,7 @@ NATIVE_TOLERANCE = 1e-4
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stage", default="all", choices=[*map(str, STAGES), "all"])
     parser.add_argument("--model", default="mlp", choices=["mlp", "transformer"])
+    parser.add_argument("--device", default="cpu", choices=DEVICES, help="gpu: CuPy arrays, reference on the GPU")
     parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZERS))
     parser.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS))
     parser.add_argument("--steps", type=int, default=10)
@@ -100,7 +101,8 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
     rank, size = comm.Get_rank(), comm.Get_size()
     model = build_model(args.model)
     micro_batches = size if args.micro_batches is None else args.micro_batches
-    params = model.init(args.seed)
+    xp = device_module(args.device)
+    params = to_device(model.init(args.seed), xp)
     optimizer = make_optimizer(args.optimizer)
     precision = PRECISIONS[args.precision]
     numerics = dict(
@@ -116,13 +118,13 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
     scaler = LossScaler() if precision.loss_scaling else None
     worst, first_mismatch = 0.0, None
     for step in range(1, args.steps + 1):
-        batches = [synthetic_batch(model, args.seed, step, m, args.batch) for m in range(micro_batches)]
+        batches = [to_device(synthetic_batch(model, args.seed, step, m, args.batch), xp) for m in range(micro_batches)]
         engine.collectives.traffic.clear()
         trainer.step(batches.__getitem__, micro_batches)
         reference_step(model, reference, batches, precision, scaler)
         if args.perturb_rank == rank and step == 1:
             shard = engine.groups[0].master_shard
-            shard[0] = np.nextafter(shard[0], np.float32(np.inf))
+            shard[:1] = to_device(np.nextafter(to_host(shard[:1]), np.float32(np.inf)), xp)
         if engine.reduction.bitwise:
             first_mismatch = first_mismatch or compare_bits(step, rank, engine, reference)
         else:
@@ -174,7 +176,7 @@ def flatten(group, tensors) -> np.ndarray:
     """Lay reference tensors out as the group's padded flat buffer."""
     flat = np.zeros(group.partition.padded_numel, dtype=np.float32)
     for name, view in group.layout.views(flat).items():
-        view[...] = tensors[name]
+        view[...] = to_host(tensors[name])
     return flat
 
 
