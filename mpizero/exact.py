@@ -63,13 +63,17 @@ def sum_into(total, sources, k: int) -> None:
     chunk = CHUNK if xp is np else max(n, 1)
     scaled = xp.empty(min(n, chunk), dtype=np.float32)
     as_int = xp.empty(min(n, chunk), dtype=np.int64)
+    factor = np.float32(math.ldexp(1.0, k)) if -126 <= k <= 127 else None  # a float32 power of two: exact
     if not sources:
         total[...] = 0
     for start in range(0, n, chunk):
         stop = min(start + chunk, n)
         out, tmp, tmp_int = total[start:stop], scaled[: stop - start], as_int[: stop - start]
         for index, x in enumerate(sources):
-            xp.ldexp(x[start:stop], k, out=tmp)
+            if factor is None:
+                xp.ldexp(x[start:stop], k, out=tmp)
+            else:
+                xp.multiply(x[start:stop], factor, out=tmp)  # twice as fast as ldexp, the same bits
             xp.rint(tmp, out=tmp)
             if index == 0:
                 out[...] = tmp

@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 PIECE_BYTES = 1 << 22
-THRESHOLD_BYTES = 1 << 25
+THRESHOLD_BYTES = 1 << 26  # measured: one call wins at 32 MiB, pieces at 128 MiB
 ENV_VAR = "MPIZERO_REDUCE_SCATTER"
 CHOICES = ("auto", "mpi", "pieces")
 
