@@ -41,6 +41,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--configs", nargs="+", default=CONFIGS, choices=CONFIGS)
+    parser.add_argument("--chart", default=None, help="also draw step time and peak RSS per configuration (PNG)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -188,6 +189,31 @@ def main() -> None:
         median = float(np.median(row["times"][2:]))
         ratio = f"{median / ddp:7.2f}" if ddp else f"{'-':>7}"
         print(f"{config:<18} {median * 1e3:>9.1f} {ratio} {row['rss'] / 1024:>13.0f}")
+    if args.chart:
+        draw(rows, args, args.chart)
+
+
+def draw(rows: dict, args, path: str) -> None:
+    """Two bar charts side by side: median step time and peak RSS per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rows)
+    colours = ["#d62728" if n.startswith("torch") else "#1f77b4" for n in names]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.barh(names, [np.median(rows[n]["times"][2:]) * 1e3 for n in names], color=colours)
+    left.set_xlabel("median step time, ms (lower is better)")
+    right.barh(names, [rows[n]["rss"] / 1024 for n in names], color=colours)
+    right.set_xlabel("peak RSS per rank, MiB (lower is better)")
+    right.set_yticklabels([])
+    for ax in (left, right):
+        ax.invert_yaxis()
+    fig.suptitle(f"{args.layers}-layer {args.width}-wide MLP, Adam, batch {args.batch}, fp32, {args.ranks} ranks")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
