@@ -131,3 +131,28 @@ def test_estimate_prints_the_papers_figure_1():
 def test_estimate_for_a_model_lists_every_stage():
     out = run_mpi_ok(1, ["-m", "mpizero", "estimate", "--model", "mlp", "--ranks", "4"])
     assert [line.split()[0] for line in out.splitlines()[2:]] == ["0", "1", "2", "3"]
+
+
+def test_eight_ranks_give_the_same_bytes_as_one(tmp_path):
+    files = []
+    for n in (1, 8):
+        path = tmp_path / f"{n}.npy"
+        run_mpi_ok(
+            n,
+            [
+                *TRAIN,
+                "--model",
+                "transformer",
+                "--precision",
+                "bf16",
+                "--stage",
+                "3",
+                "--micro-batches",
+                "8",
+                "--save-params",
+                str(path),
+            ],
+            timeout=240,
+        )
+        files.append(path.read_bytes())
+    assert files[0] == files[1]
