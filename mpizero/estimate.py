@@ -8,6 +8,7 @@ formulas), or ``python -m mpizero estimate --model transformer --ranks 4``
 from __future__ import annotations
 
 import argparse
+import math
 
 from . import formulas
 from .memory import format_bytes
@@ -66,7 +67,7 @@ def model_setups(args):
     states = len(OPTIMIZERS[args.optimizer](lr=1.0).state_names)
     for stage in STAGES:
         groups = make_groups(model, sharding(stage).params, args.bucket_elems)
-        numels = tuple(sum(_numel(shapes[n]) for n in names) for names in groups)
+        numels = tuple(sum(math.prod(shapes[n]) for n in names) for names in groups)
         wire = 8 if args.reduction == "exact" else 4
         yield stage, formulas.Setup(numels, args.ranks, stage, precision.param_dtype.itemsize, wire, states)
 
@@ -82,10 +83,3 @@ def print_model_table(args) -> None:
         traffic = sum(formulas.traffic_per_step(setup, rounds).values())
         cells = "".join(f"{format_bytes(held[k]):>12}" for k in kinds)
         print(f"{stage:<6}{cells}{format_bytes(states):>12}{format_bytes(traffic):>14}")
-
-
-def _numel(shape) -> int:
-    total = 1
-    for d in shape:
-        total *= d
-    return total

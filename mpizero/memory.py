@@ -9,6 +9,7 @@ reduction's wire dtype). Model states are params + grads + master + optimizer.
 
 from __future__ import annotations
 
+import math
 import resource
 import sys
 
@@ -36,8 +37,8 @@ def peak_rss_bytes() -> int:
 
 
 def format_bytes(nbytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(nbytes) < 1024 or unit == "TiB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024
-    raise AssertionError("unreachable")
+    """``1536`` -> ``1.5 KiB``; whole bytes below 1 KiB."""
+    if abs(nbytes) < 1024:
+        return f"{nbytes:.0f} B"
+    power = min(int(math.log(abs(nbytes), 1024)), 3)
+    return f"{nbytes / 1024**power:.1f} {('KiB', 'MiB', 'GiB')[power - 1]}"
