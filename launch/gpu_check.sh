@@ -9,8 +9,13 @@ set -uo pipefail
 
 PYTHON="${PYTHON:-python3}"
 if compgen -G ".whl/*.whl" > /dev/null; then
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}" PATH="/tmp/site/bin:$PATH" LD_LIBRARY_PATH="/tmp/site/lib:${LD_LIBRARY_PATH:-}"
+  # --prefix, not --target: the mpich wheel's libmpi and mpiexec are data files that --target drops.
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --prefix /tmp/site .whl/*.whl || exit 1
+  site=$("$PYTHON" -c 'import sys; print(f"/tmp/site/lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages")')
+  export PYTHONPATH="$site:${PYTHONPATH:-}" PATH="/tmp/site/bin:$PATH" LD_LIBRARY_PATH="/tmp/site/lib:${LD_LIBRARY_PATH:-}"
+  if compgen -G ".whl/mpich-*.whl" > /dev/null; then
+    export MPI4PY_MPIABI=mpich  # make a preinstalled mpi4py load the carried MPICH (checked with mpi4py 4.1)
+  fi
 fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 status=0
