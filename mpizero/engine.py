@@ -32,6 +32,7 @@ from .reduction import REDUCTIONS
 from .stages import sharding
 
 GRAD_DTYPE = np.dtype(np.float32)
+IN_FLIGHT = 2  # gradient collectives left running at once; older ones are finished to free their buffers
 PARAM_DTYPE = np.dtype(np.float32)
 
 
@@ -68,7 +69,8 @@ class ZeroEngine:
         self.step_count = self.skipped_steps = 0
         self.peak_gathered_groups = 0
         self.memory_log = MemoryLog()
-        self._pending: dict[int, list[int]] = {}
+        self._pending: dict[int, list[int]] = {}  # groups whose gradient collective is in flight: their scales
+        self._reduced: set[int] = set()  # groups whose averaged grad shard is ready this step
         self._count = 0
         self._skipping = False
         self.names = list(params)
@@ -187,6 +189,12 @@ class ZeroEngine:
         group.start_reduce(self.collectives, self.reduction, contributions, scales, blocking=not self.config.overlap)
         self._pending[index] = scales
         self.memory_log.sample(self.memory())
+        while len(self._pending) > IN_FLIGHT:  # finish the oldest: its int64 buffers go before the next arrive
+            self._finish_reduce(next(iter(self._pending)))
+
+    def _finish_reduce(self, index: int) -> None:
+        self.groups[index].finish_reduce(self.reduction, self._pending.pop(index), self._count)
+        self._reduced.add(index)
 
     def _on_nonfinite(self, index: int, bad_ranks: list[int]) -> None:
         message = f"step {self.step_number}: non-finite gradient in group {index} on ranks {bad_ranks}"
@@ -196,10 +204,11 @@ class ZeroEngine:
         self._skipping = True
 
     def _abandon(self) -> None:
-        """Complete every in-flight gradient collective without using it."""
+        """Complete every in-flight gradient collective without using it; forget the step's reductions."""
         for index in self._pending:
             self.groups[index].abandon_reduce()
         self._pending.clear()
+        self._reduced.clear()
 
     def finish_step(self) -> StepResult:
         """Finish every group's reduction, clip, update and publish; or skip the step if agreed."""
@@ -207,13 +216,12 @@ class ZeroEngine:
             self._skipping = False
             self.skipped_steps += 1
             return StepResult(self.step_count, skipped=True)
-        if sorted(self._pending) != list(range(len(self.groups))):
-            missing = sorted(set(range(len(self.groups))) - set(self._pending))
-            self._abandon()
+        for index in list(self._pending):
+            self._finish_reduce(index)
+        missing = sorted(set(range(len(self.groups))) - self._reduced)
+        self._reduced.clear()
+        if missing:
             raise agree.ZeroError(f"step {self.step_number}: groups {missing} were never reduced")
-        for index, scales in self._pending.items():
-            self.groups[index].finish_reduce(self.reduction, scales, self._count)
-        self._pending.clear()
         grad_norm = self._clip() if self.config.clip_norm is not None else None
         self.step_count += 1
         for group in self.groups:
