@@ -32,8 +32,9 @@ def median_seconds(comm, fn, repeat: int) -> float:
 
 
 def reduction_path(coll, reduction, grads, specs, shard_out):
-    """Encode this rank's gradient, reduce-scatter it, decode the averaged shard (what a step does)."""
-    local = np.empty(grads["g"].size, dtype=reduction.wire_dtype)
+    """Encode this rank's gradient, reduce-scatter it, decode the averaged shard (what a stage 2-3 step does)."""
+    numel = grads["g"].size
+    local = coll.shared_buffer(numel, reduction.wire_dtype) if coll.shared else np.empty(numel, reduction.wire_dtype)
     reduced = np.empty(shard_out.size, dtype=reduction.wire_dtype)
     scale = reduction.scale_for(1.0, coll.comm.Get_size())
 
@@ -43,6 +44,13 @@ def reduction_path(coll, reduction, grads, specs, shard_out):
         reduction.decode(reduced, scale, coll.comm.Get_size(), shard_out)
 
     return run
+
+
+def arena_path(coll, wide, wide_shard):
+    """The engine's stage 2-3 path on one host: gradients already encoded in the shared arena."""
+    arena = coll.shared_buffer(wide.size, wide.dtype)
+    arena[...] = wide
+    return lambda: coll.reduce_scatter(arena, wide_shard)
 
 
 def measure(comm, coll, mib: int, repeat: int) -> list[tuple]:

@@ -38,6 +38,7 @@ class Setup:
     wire_bytes: int = 8
     optimizer_states: int = 2
     align: int = 1
+    shared_arena: bool = False  # stages 2-3 on one host: one bucket-sized shared buffer for gradients
 
     def partitions(self) -> list[Partition]:
         return [Partition(n, self.ranks, self.align) for n in self.group_numels]
@@ -55,8 +56,15 @@ def engine_bytes(setup: Setup) -> dict[str, int]:
         "grads": owned * 4,
         "master": owned * 4,
         "optimizer": owned * 4 * setup.optimizer_states,
-        "comm": 0 if plan.grads else padded * setup.wire_bytes,
+        "comm": _comm_bytes(setup, plan, padded),
     }
+
+
+def _comm_bytes(setup: Setup, plan, padded: int) -> int:
+    """Stages 0-1 keep the full local gradient buffer; 2-3 keep nothing, or the arena of the largest bucket."""
+    if not plan.grads:
+        return padded * setup.wire_bytes
+    return max(p.padded_numel for p in setup.partitions()) * setup.wire_bytes if setup.shared_arena else 0
 
 
 def traffic_per_step(setup: Setup, rounds: int = 1) -> dict[str, int]:

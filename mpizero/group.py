@@ -111,15 +111,24 @@ class FlatGroup:
             self.state = ParamState.SHARDED
 
     def start_reduce(self, collectives, reduction, contributions, scales, blocking: bool) -> None:
-        """Encode this rank's contributions and start the gradient collective."""
-        if self.local_grads is None:
-            self.local_grads = self.xp.empty(self.partition.padded_numel, dtype=reduction.wire_dtype)
-        reduction.encode(self.local_grads, contributions, self.layout.specs, scales)
+        """Encode this rank's contributions and start the gradient collective.
+
+        When gradients are sharded and every rank shares this host, they are encoded straight
+        into the collectives' shared arena (the one bucket buffer) and reduced from there.
+        """
+        in_arena = self.sharding.grads and self.xp is np and collectives.shared
+        if in_arena:
+            local = collectives.shared_buffer(self.partition.padded_numel, reduction.wire_dtype)
+        else:
+            if self.local_grads is None:
+                self.local_grads = self.xp.empty(self.partition.padded_numel, dtype=reduction.wire_dtype)
+            local = self.local_grads
+        reduction.encode(local, contributions, self.layout.specs, scales)
         self.reduced = self.xp.empty(self.grad_shard.shape, dtype=reduction.wire_dtype)
         if self.sharding.gradient_collective == "reduce_scatter":
-            self.pending_reduce = collectives.reduce_scatter(self.local_grads, self.reduced, blocking)
+            self.pending_reduce = collectives.reduce_scatter(local, self.reduced, blocking)
         else:
-            self.pending_reduce = collectives.allreduce(self.local_grads, self.reduced, blocking)
+            self.pending_reduce = collectives.allreduce(local, self.reduced, blocking)
 
     def finish_reduce(self, reduction, scales, count: int) -> None:
         """Wait for the gradient collective and decode the averaged grad shard."""

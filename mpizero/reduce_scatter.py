@@ -7,8 +7,10 @@ packed contiguously, and each piece is one ``Reduce_scatter_block`` whose
 result lands straight in the rank's output. Every element is still summed by
 MPI exactly once, so int64 (exact) sums are the same bits as one big call.
 
-``MPIZERO_REDUCE_SCATTER``: ``auto`` (default: pieces for buffers of at least
-``THRESHOLD_BYTES``), ``mpi`` (always one call) or ``pieces`` (always pieces).
+``MPIZERO_REDUCE_SCATTER`` chooses the algorithm for host buffers: ``auto``
+(default: the zero-copy shared-memory path of ``shared`` when every rank is on
+one host and the engine encoded into the arena, else pieces for buffers of at
+least ``THRESHOLD_BYTES``, else one call), ``shared``, ``pieces`` or ``mpi``.
 """
 
 from __future__ import annotations
@@ -21,15 +23,25 @@ from mpi4py import MPI
 PIECE_BYTES = 1 << 22
 THRESHOLD_BYTES = 1 << 26  # measured: one call wins at 32 MiB, pieces at 128 MiB
 ENV_VAR = "MPIZERO_REDUCE_SCATTER"
-CHOICES = ("auto", "mpi", "pieces")
+CHOICES = ("auto", "shared", "pieces", "mpi")
+
+
+def setting() -> str:
+    """The algorithm the environment asks for, checked."""
+    value = os.environ.get(ENV_VAR, "auto")
+    if value not in CHOICES:
+        raise ValueError(f"{ENV_VAR} must be one of {CHOICES}, got {value!r}")
+    return value
+
+
+def allows_shared() -> bool:
+    return setting() in ("auto", "shared")
 
 
 def use_pieces(nbytes: int) -> bool:
     """Decide, from the environment and the buffer size, whether to reduce in pieces."""
-    setting = os.environ.get(ENV_VAR, "auto")
-    if setting not in CHOICES:
-        raise ValueError(f"{ENV_VAR} must be one of {CHOICES}, got {setting!r}")
-    return setting == "pieces" or (setting == "auto" and nbytes >= THRESHOLD_BYTES)
+    chosen = setting()
+    return chosen == "pieces" or (chosen in ("auto", "shared") and nbytes >= THRESHOLD_BYTES)
 
 
 def reduce_scatter_in_pieces(comm, send: np.ndarray, recv: np.ndarray, piece_bytes: int = PIECE_BYTES) -> None:

@@ -236,6 +236,7 @@ def formula_setup(engine) -> formulas.Setup:
         engine.reduction.wire_dtype.itemsize,
         len(engine.optimizer.state_names),
         engine.config.align,
+        engine.collectives.shared and engine.groups[0].xp is np,
     )
 
 

@@ -76,7 +76,8 @@ def check_memory_by_stage():
         assert held["params"] == 4 * sum(shard if stage == 3 else padded), (stage, held)
         assert held["master"] == 4 * sum(owned) and held["grads"] == 4 * sum(owned)
         assert held["optimizer"] == 2 * 4 * sum(owned)
-        assert held["comm"] == (8 * sum(padded) if stage < 2 else 0), (stage, held)
+        arena = 8 * max(padded) if engine.collectives.shared else 0  # stages 2-3: the one shared bucket buffer
+        assert held["comm"] == (8 * sum(padded) if stage < 2 else arena), (stage, held)
         with engine.gathered():
             assert engine.memory()["gathered"] == (4 * sum(padded) if stage == 3 else 0)
         assert engine.memory() == held
@@ -143,6 +144,22 @@ def check_host_staging():
     assert coll.traffic.calls == {"reduce_scatter": 1, "allgather": 1}
 
 
+def check_shared_arena_reduce_scatter():
+    coll = Collectives(comm)
+    rng = np.random.default_rng(rank)
+    for block in (1, 7, 1000, 40000):
+        values = rng.integers(-(2**50), 2**50, size * block)
+        expected = np.empty(block, np.int64)
+        comm.Reduce_scatter_block(values, expected)
+        arena = coll.shared_buffer(values.size, np.int64)
+        arena[...] = values
+        got = np.empty(block, np.int64)
+        coll.reduce_scatter(arena, got)
+        assert got.tobytes() == expected.tobytes(), block
+    assert coll.arena.usable  # mpiexec on one host: every rank shares the node
+    coll.arena.free()
+
+
 def check_reduce_scatter_in_pieces():
     rng = np.random.default_rng(rank)
     for block in (1, 7, 1000):
@@ -154,6 +171,7 @@ def check_reduce_scatter_in_pieces():
 
 
 check_reduce_scatter_in_pieces()
+check_shared_arena_reduce_scatter()
 check_bitwise_against_reference()
 check_native_is_close_not_claimed_bitwise()
 check_memory_by_stage()

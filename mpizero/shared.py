@@ -1,0 +1,66 @@
+"""A zero-copy reduce-scatter for ranks on one host: sum straight out of a node-shared window.
+
+Each rank encodes its local gradients directly into its own segment of an
+``MPI.Win.Allocate_shared`` window (the arena); after a barrier every rank adds
+its block from every segment, in rank order, into its output; a second barrier
+frees the arena for the next bucket. Nothing is copied through MPI, so on one
+host it runs 2-3x faster than MPICH's ``Reduce_scatter_block`` (README,
+"Performance"). Integer (exact) sums are the same bits as MPI's; float32
+(native) sums are a rank-order fold, deterministic but not MPI's order.
+
+One arena per communicator, grown (collectively) to the largest bucket: it is
+the one bucket-sized gradient buffer stages 2 and 3 keep, like DeepSpeed's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+CHUNK = 1 << 15  # elements summed at a time: the running sum stays in cache
+
+
+class SharedArena:
+    """The node-shared buffer this rank encodes into, and the reduce-scatter that reads it."""
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self.comm = comm
+        self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self.usable = self.node.Get_size() == comm.Get_size() and self.node.Get_rank() == comm.Get_rank()
+        self.window, self.segments, self.nbytes = None, [], 0
+
+    def buffer(self, numel: int, dtype) -> np.ndarray:
+        """This rank's segment as ``numel`` elements of ``dtype``, growing the arena if needed (collective)."""
+        dtype = np.dtype(dtype)
+        if numel * dtype.itemsize > self.nbytes:
+            self._allocate(numel * dtype.itemsize)
+        return self.segments[self.comm.Get_rank()][: numel * dtype.itemsize].view(dtype)
+
+    def _allocate(self, nbytes: int) -> None:
+        self.free()
+        self.window = MPI.Win.Allocate_shared(nbytes, 1, comm=self.node)
+        self.segments = [np.frombuffer(self.window.Shared_query(r)[0], dtype=np.uint8) for r in range(self.node.size)]
+        self.window.Lock_all(MPI.MODE_NOCHECK)
+        self.nbytes = nbytes
+
+    def reduce_scatter(self, local: np.ndarray, recv: np.ndarray) -> None:
+        """Sum every rank's ``local`` (obtained from ``buffer``) and keep this rank's block in ``recv``."""
+        size, rank, block = self.comm.Get_size(), self.comm.Get_rank(), recv.size
+        views = [segment[: local.nbytes].view(local.dtype) for segment in self.segments]
+        self.window.Sync()
+        self.node.Barrier()
+        self.window.Sync()
+        start = rank * block
+        for lo in range(0, block, CHUNK):
+            hi = min(lo + CHUNK, block)
+            out = recv[lo:hi]
+            out[...] = views[0][start + lo : start + hi]
+            for source in views[1:size]:
+                out += source[start + lo : start + hi]
+        self.node.Barrier()  # everyone has read every segment: the arena may be written again
+
+    def free(self) -> None:
+        if self.window is not None:
+            self.window.Unlock_all()
+            self.window.Free()
+            self.window, self.segments, self.nbytes = None, [], 0
