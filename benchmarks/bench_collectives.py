@@ -65,41 +65,26 @@ def measure(comm, coll, mib: int, repeat: int) -> list[tuple]:
     specs = FlatLayout.from_shapes({"g": (numel,)}).specs
     shard, wide_shard = np.empty(numel // size, np.float32), np.empty(numel // size, np.int64)
     full = np.zeros(numel, np.float32)
-    os.environ[ENV_VAR] = "mpi"
+    os.environ[ENV_VAR] = "mpi"  # the wrappers as one MPI call each
     raw_rs = median_seconds(comm, lambda: comm.Reduce_scatter_block(grad, shard, op=MPI.SUM), repeat)
     raw_wide = median_seconds(comm, lambda: comm.Reduce_scatter_block(wide, wide_shard, op=MPI.SUM), repeat)
     raw_ag = median_seconds(comm, lambda: comm.Allgather(shard, full), repeat)
+    one_call = median_seconds(comm, lambda: coll.reduce_scatter(grad, shard), repeat)
+    one_call_wide = median_seconds(comm, lambda: coll.reduce_scatter(wide, wide_shard), repeat)
+    os.environ[ENV_VAR] = "auto"  # what the engine does
+    pieces = median_seconds(comm, lambda: reduce_scatter_in_pieces(comm, wide, wide_shard), repeat)
+    arena = median_seconds(comm, arena_path(coll, wide, wide_shard), repeat)
+    native = median_seconds(comm, reduction_path(coll, REDUCTIONS["native"], {"g": grad}, specs, shard), repeat)
+    exact = median_seconds(comm, reduction_path(coll, REDUCTIONS["exact"], {"g": grad}, specs, shard), repeat)
     paths = [
         ("raw Reduce_scatter_block f32", raw_rs, raw_rs),
-        (
-            "mpizero reduce_scatter f32 (one call)",
-            median_seconds(comm, lambda: coll.reduce_scatter(grad, shard), repeat),
-            raw_rs,
-        ),
+        ("mpizero reduce_scatter f32 (one call)", one_call, raw_rs),
         ("raw Reduce_scatter_block i64", raw_wide, raw_wide),
-        (
-            "mpizero reduce_scatter i64 (one call)",
-            median_seconds(comm, lambda: coll.reduce_scatter(wide, wide_shard), repeat),
-            raw_wide,
-        ),
-        (
-            "mpizero reduce_scatter i64 (pieces)",
-            median_seconds(comm, lambda: reduce_scatter_in_pieces(comm, wide, wide_shard), repeat),
-            raw_wide,
-        ),
-        (
-            "mpizero native: encode+RS+decode",
-            median_seconds(comm, reduction_path(coll, REDUCTIONS["native"], {"g": grad}, specs, shard), repeat),
-            raw_rs,
-        ),
-    ]
-    os.environ[ENV_VAR] = "auto"
-    paths += [
-        (
-            "mpizero exact: encode+RS+decode (auto)",
-            median_seconds(comm, reduction_path(coll, REDUCTIONS["exact"], {"g": grad}, specs, shard), repeat),
-            raw_rs,
-        ),
+        ("mpizero reduce_scatter i64 (one call)", one_call_wide, raw_wide),
+        ("mpizero reduce_scatter i64 (pieces)", pieces, raw_wide),
+        ("mpizero reduce_scatter i64 (shared arena)", arena, raw_wide),
+        ("mpizero native: encode+RS+decode", native, raw_rs),
+        ("mpizero exact: encode+RS+decode", exact, raw_rs),
         ("raw Allgather f32", raw_ag, raw_ag),
         ("mpizero allgather f32", median_seconds(comm, lambda: coll.allgather(shard, full), repeat), raw_ag),
     ]
