@@ -173,6 +173,8 @@ def main() -> None:
         result = (torch_worker if args.worker.startswith("torch") else mpizero_worker)(args, args.worker)
         if int(os.environ.get("PMI_RANK", "0")) == 0:
             print(json.dumps(result), flush=True)
+        if args.worker.startswith("torch"):
+            os._exit(0)  # torch+gloo sometimes aborts in its exit-time destructors ("terminate called ...")
         return
     from threadpoolctl import threadpool_info
 
