@@ -8,6 +8,7 @@ Needs matplotlib (``pip install -e ".[plot]"``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -131,6 +132,8 @@ def memory_figure(args, path: str) -> None:
     colours = dict(zip(kinds, ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd")))
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for stage, setup in model_setups(args):
+        if args.measure:  # the measured run is on this host, so stages 2-3 use the shared arena
+            setup = dataclasses.replace(setup, shared_arena=True)
         columns = [("predicted", formulas.engine_bytes(setup))]
         if args.measure:
             columns.append(("measured", measured_bytes(args, stage)["now"]))
