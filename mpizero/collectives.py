@@ -73,16 +73,25 @@ class Collectives:
         self.comm = comm
         self.traffic = Traffic()
         self.watchdog = Watchdog(watchdog_seconds, comm.Get_rank())
-        self.arena = SharedArena(comm)
+        self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self.arenas: dict = {}  # key -> SharedArena; "bucket" is the one stages 2-3 share
 
     @property
     def shared(self) -> bool:
-        """Whether gradients may be encoded into the node-shared arena and reduced from there."""
-        return self.arena.usable and allows_shared()
+        """Whether gradients may be encoded into a node-shared arena and reduced from there."""
+        whole = self.node.Get_size() == self.comm.Get_size() and self.node.Get_rank() == self.comm.Get_rank()
+        return whole and allows_shared()
 
-    def shared_buffer(self, numel: int, dtype) -> np.ndarray:
-        """The arena as ``numel`` elements (collective when it grows); reduce it with ``reduce_scatter``."""
-        return self.arena.buffer(numel, dtype)
+    def shared_buffer(self, numel: int, dtype, key="bucket") -> np.ndarray:
+        """Arena ``key`` as ``numel`` elements (collective when made or grown); reduce it with ``reduce_scatter``."""
+        if key not in self.arenas:
+            self.arenas[key] = SharedArena(self.comm, self.node)
+        return self.arenas[key].buffer(numel, dtype)
+
+    @property
+    def bucket_bytes(self) -> int:
+        """Bytes of the arena stages 2-3 share (0 if none)."""
+        return self.arenas["bucket"].nbytes if "bucket" in self.arenas else 0
 
     def agree(self, local: np.ndarray, everyone: np.ndarray) -> None:
         """Allgather a small float64 vector of per-rank facts (counts, flags, maxima)."""
@@ -96,8 +105,9 @@ class Collectives:
         A ``send`` from ``shared_buffer`` is summed straight from shared memory; other large host
         buffers go in pieces (``reduce_scatter``); both blocking, as measured faster than one call.
         """
-        if self.arena.window is not None and np.shares_memory(send, self.arena.segments[self.comm.Get_rank()]):
-            return self._run("reduce_scatter", send.nbytes, self.arena.reduce_scatter, send, recv, True)
+        arena = next((a for a in self.arenas.values() if a.owns(send)), None)
+        if arena is not None:
+            return self._run("reduce_scatter", send.nbytes, arena.reduce_scatter, send, recv, True)
         if not is_device_array(send) and use_pieces(send.nbytes):
             return self._run("reduce_scatter", send.nbytes, self._in_pieces, send, recv, True)
         call = self.comm.Reduce_scatter_block if blocking else self.comm.Ireduce_scatter_block

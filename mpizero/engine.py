@@ -277,7 +277,7 @@ class ZeroEngine:
         for group in self.groups:
             for kind, nbytes in group.memory().items():
                 total[kind] += nbytes
-        total["comm"] += self.collectives.arena.nbytes
+        total["comm"] += self.collectives.bucket_bytes
         return total
 
     def memory_report(self) -> dict:

@@ -113,15 +113,19 @@ class FlatGroup:
     def start_reduce(self, collectives, reduction, contributions, scales, blocking: bool) -> None:
         """Encode this rank's contributions and start the gradient collective.
 
-        When gradients are sharded and every rank shares this host, they are encoded straight
-        into the collectives' shared arena (the one bucket buffer) and reduced from there.
+        When every rank shares this host and the collective is a reduce-scatter, they are encoded
+        straight into a node-shared arena and reduced from there: at stages 2-3 the one bucket
+        buffer, at stage 1 this group's own (its kept local grads).
         """
-        in_arena = self.sharding.grads and self.xp is np and collectives.shared
-        if in_arena:
-            local = collectives.shared_buffer(self.partition.padded_numel, reduction.wire_dtype)
+        padded, wire = self.partition.padded_numel, reduction.wire_dtype
+        shared = collectives.shared and self.xp is np and self.sharding.gradient_collective == "reduce_scatter"
+        if shared and self.sharding.grads:
+            local = collectives.shared_buffer(padded, wire)
         else:
             if self.local_grads is None:
-                self.local_grads = self.xp.empty(self.partition.padded_numel, dtype=reduction.wire_dtype)
+                self.local_grads = (
+                    collectives.shared_buffer(padded, wire, id(self)) if shared else self.xp.empty(padded, dtype=wire)
+                )
             local = self.local_grads
         reduction.encode(local, contributions, self.layout.specs, scales)
         self.reduced = self.xp.empty(self.grad_shard.shape, dtype=reduction.wire_dtype)

@@ -8,8 +8,10 @@ host it runs 2-3x faster than MPICH's ``Reduce_scatter_block`` (README,
 "Performance"). Integer (exact) sums are the same bits as MPI's; float32
 (native) sums are a rank-order fold, deterministic but not MPI's order.
 
-One arena per communicator, grown (collectively) to the largest bucket: it is
-the one bucket-sized gradient buffer stages 2 and 3 keep, like DeepSpeed's.
+Stages 2 and 3 share one arena, grown (collectively) to the largest bucket:
+the one bucket-sized gradient buffer they keep, like DeepSpeed's. Stage 1
+gives each group an arena of its own: its full local gradient buffer, kept
+between steps as that stage keeps it.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ CHUNK = 1 << 15  # elements summed at a time: the running sum stays in cache
 class SharedArena:
     """The node-shared buffer this rank encodes into, and the reduce-scatter that reads it."""
 
-    def __init__(self, comm: MPI.Comm) -> None:
-        self.comm = comm
-        self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        self.usable = self.node.Get_size() == comm.Get_size() and self.node.Get_rank() == comm.Get_rank()
+    def __init__(self, comm: MPI.Comm, node: MPI.Comm) -> None:
+        """``node``: ``comm`` split by shared memory; usable only when that leaves ``comm`` whole."""
+        self.comm, self.node = comm, node
         self.window, self.segments, self.nbytes = None, [], 0
+
+    def owns(self, array: np.ndarray) -> bool:
+        """Whether ``array`` lies in this rank's segment of the arena."""
+        return self.window is not None and np.shares_memory(array, self.segments[self.comm.Get_rank()])
 
     def buffer(self, numel: int, dtype) -> np.ndarray:
         """This rank's segment as ``numel`` elements of ``dtype``, growing the arena if needed (collective)."""

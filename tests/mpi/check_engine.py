@@ -156,8 +156,8 @@ def check_shared_arena_reduce_scatter():
         got = np.empty(block, np.int64)
         coll.reduce_scatter(arena, got)
         assert got.tobytes() == expected.tobytes(), block
-    assert coll.arena.usable  # mpiexec on one host: every rank shares the node
-    coll.arena.free()
+    assert coll.shared  # mpiexec on one host: every rank shares the node
+    coll.arenas["bucket"].free()
 
 
 def check_reduce_scatter_in_pieces():
