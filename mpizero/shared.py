@@ -32,7 +32,8 @@ class SharedArena:
 
     def owns(self, array: np.ndarray) -> bool:
         """Whether ``array`` lies in this rank's segment of the arena."""
-        return self.window is not None and np.shares_memory(array, self.segments[self.comm.Get_rank()])
+        own = self.segments[self.comm.Get_rank()] if self.window is not None else None
+        return own is not None and isinstance(array, np.ndarray) and np.may_share_memory(array, own)
 
     def buffer(self, numel: int, dtype) -> np.ndarray:
         """This rank's segment as ``numel`` elements of ``dtype``, growing the arena if needed (collective)."""
