@@ -14,11 +14,12 @@ import json
 import os
 import resource
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from mpizero.launcher import python_under_mpiexec
 
 HERE = Path(__file__).resolve()
 CONFIGS = [
@@ -136,13 +137,8 @@ def torch_worker(args, config: str) -> dict:
 
 
 def run_config(args, config: str) -> dict:
-    mpiexec = Path(sys.executable).parent / "mpiexec"
     command = [
-        str(mpiexec if mpiexec.exists() else "mpiexec"),
-        "-n",
-        str(args.ranks),
-        sys.executable,
-        str(HERE),
+        *python_under_mpiexec(args.ranks, str(HERE)),
         "--worker",
         config,
         "--width",

@@ -15,11 +15,12 @@ import json
 import os
 import resource
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from mpizero.launcher import python_under_mpiexec
 
 HERE = Path(__file__).resolve()
 
@@ -97,8 +98,7 @@ def worker(args) -> None:
 
 
 def run_config(args, stage: int, precision: str, reduction: str, overlap: str) -> dict:
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    command = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.ranks), sys.executable, str(HERE)]
+    command = python_under_mpiexec(args.ranks, str(HERE))
     command += ["--worker", "--stage", str(stage), "--precision", precision, "--reduction", reduction]
     command += ["--model", args.model, "--width", str(args.width), "--layers", str(args.layers)]
     command += ["--global-batch", str(args.global_batch), "--micro-batches", str(args.micro_batches)]

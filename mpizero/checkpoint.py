@@ -54,13 +54,10 @@ def rank_pieces(engine) -> list[tuple[Piece, object, int]]:
     """This rank's shard, tensor by tensor: ``(piece, group, index into the group's owned arrays)``."""
     pieces, at = [], 0
     for group in engine.groups:
-        shard_start, shard_stop = group.partition.shard_range(group.rank)
         owned_start = group.owned_range[0]
-        for spec in group.layout.specs:
-            lo, hi = max(shard_start, spec.offset), min(shard_stop, spec.stop)
-            if lo < hi:
-                pieces.append((Piece(spec.name, lo - spec.offset, hi - spec.offset, at), group, lo - owned_start))
-                at += hi - lo
+        for _, spec, lo, hi in group.layout.overlaps(*group.partition.shard_range(group.rank)):
+            pieces.append((Piece(spec.name, lo - spec.offset, hi - spec.offset, at), group, lo - owned_start))
+            at += hi - lo
     return pieces
 
 
@@ -284,11 +281,8 @@ def load(engine, path: str) -> dict:
         _check_compatible(engine, manifest, path)
         reader = PieceReader(path, manifest)
         for group in engine.groups:
-            owned_start, owned_stop = group.owned_range
-            for spec in group.layout.specs:
-                lo, hi = max(owned_start, spec.offset), min(owned_stop, spec.stop)
-                if lo >= hi:
-                    continue
+            owned_start = group.owned_range[0]
+            for _, spec, lo, hi in group.layout.overlaps(*group.owned_range):
                 for state in state_names(engine):
                     target = _owned_array(group, state)[lo - owned_start : hi - owned_start]
                     host = np.empty(hi - lo, dtype=np.float32)

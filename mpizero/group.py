@@ -72,12 +72,7 @@ class FlatGroup:
     def owned_segments(self) -> list[tuple[int, int, int]]:
         """Return ``(tensor index, start, stop)`` of each tensor's piece of the owned range (owned-relative)."""
         start, stop = self.owned_range
-        pieces = []
-        for index, spec in enumerate(self.layout.specs):
-            lo, hi = max(start, spec.offset), min(stop, spec.stop)
-            if lo < hi:
-                pieces.append((index, lo - start, hi - start))
-        return pieces
+        return [(index, lo - start, hi - start) for index, _, lo, hi in self.layout.overlaps(start, stop)]
 
     def init_optimizer(self, state_names) -> None:
         self.optimizer_state = {n: self.xp.zeros_like(self.master_shard) for n in state_names}

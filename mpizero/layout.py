@@ -56,6 +56,15 @@ class FlatLayout:
         """Return ``{name: view}`` onto ``flat`` (NumPy or CuPy), shaped like each tensor."""
         return {s.name: flat[s.offset : s.stop].reshape(s.shape) for s in self.specs}
 
+    def overlaps(self, start: int, stop: int) -> list[tuple[int, TensorSpec, int, int]]:
+        """Return ``(index, spec, lo, hi)`` for each tensor that ``[start, stop)`` cuts, ``[lo, hi)`` flat."""
+        found = []
+        for index, spec in enumerate(self.specs):
+            lo, hi = max(start, spec.offset), min(stop, spec.stop)
+            if lo < hi:
+                found.append((index, spec, lo, hi))
+        return found
+
     def locate(self, index: int) -> tuple[str, tuple[int, ...]]:
         """Return the tensor name and multi-index of flat element ``index``, or padding."""
         for spec in self.specs:

@@ -12,11 +12,11 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 import tempfile
 
 from . import formulas
 from .estimate import model_setups
+from .launcher import python_under_mpiexec
 from .partition import Partition
 from .stages import STAGES, sharding
 
@@ -115,9 +115,8 @@ def measured_bytes(args, stage: int) -> dict:
     """Run two training steps of ``stage`` under mpiexec and return rank 0's memory report."""
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "memory.json")
-        mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-        command = [mpiexec if os.path.exists(mpiexec) else "mpiexec", "-n", str(args.ranks), sys.executable]
-        command += ["-m", "mpizero", "train", "--model", args.model, "--stage", str(stage), "--steps", "2"]
+        command = python_under_mpiexec(args.ranks, "-m", "mpizero", "train")
+        command += ["--model", args.model, "--stage", str(stage), "--steps", "2"]
         command += ["--micro-batches", str(max(args.micro_batches, args.ranks)), "--memory-json", report]
         command += ["--global-batch", str(16 * max(args.micro_batches, args.ranks)), "--log-every", "1000"]
         subprocess.run(command, check=True, capture_output=True, timeout=600)

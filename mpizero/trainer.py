@@ -30,10 +30,11 @@ def make_groups(model, by_unit: bool, bucket_elems: int) -> list[list[str]]:
     """Stage 3: one group per unit. Otherwise buckets of up to ``bucket_elems`` in backward order."""
     if by_unit:
         return unit_names(model)
+    shapes = param_shapes(model)
     buckets, current, size = [], [], 0
     for names in reversed(unit_names(model)):
         for name in names:
-            numel = math.prod(param_shapes(model)[name])
+            numel = math.prod(shapes[name])
             if current and size + numel > bucket_elems:
                 buckets.append(current)
                 current, size = [], 0
@@ -66,10 +67,12 @@ class Trainer:
 
     def __init__(self, model, engine, precision: Precision, initial_loss_scale: float = 2.0**16) -> None:
         self.model, self.engine, self.precision = model, engine, precision
+        self.units = model.units  # built once: a model's ``units`` may construct them on every access
+        self.names_of_unit = [set(unit.param_shapes()) for unit in self.units]
         self.scaler = LossScaler(initial_loss_scale) if precision.loss_scaling else None
         self.groups_of_unit = [
-            sorted({i for i, g in enumerate(engine.groups) if set(names) & set(g.layout.names)})
-            for names in unit_names(model)
+            sorted({i for i, g in enumerate(engine.groups) if names & set(g.layout.names)})
+            for names in self.names_of_unit
         ]
         # backward runs units in reverse, so a group is complete after the lowest unit it holds
         self.last_unit_of_group = {
@@ -107,7 +110,7 @@ class Trainer:
 
     def _forward_backward(self, batch, last_round: bool, stored: list):
         """One micro-batch (or, with ``batch`` None, only the collectives) through every unit."""
-        units = self.model.units
+        units = self.units
         caches, out = [], None if batch is None else batch[0]
         self._prefetch(0)
         for u, unit in enumerate(units):
@@ -142,7 +145,7 @@ class Trainer:
             self.engine.gather(g, blocking=False)
 
     def _unit_params(self, unit: int) -> dict:
-        names = set(unit_names(self.model)[unit])
+        names = self.names_of_unit[unit]
         params = {}
         for g in self.groups_of_unit[unit]:
             params.update({k: v for k, v in self.engine.gather(g).items() if k in names})

@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
+
+from mpizero.launcher import python_under_mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
 WORLD_SIZES = (1, 2, 3, 4)
 
 
-def mpiexec() -> str:
-    """The mpiexec beside this Python (the venv's mpich wheel), else the one on PATH."""
-    local = Path(sys.executable).parent / "mpiexec"
-    return str(local) if local.exists() else shutil.which("mpiexec") or "mpiexec"
-
-
 def run_mpi(n: int, args: list[str], timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``mpiexec -n n python ARGS``; return the finished process (stdout, stderr, returncode)."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **(env or {})}
-    command = [mpiexec(), "-n", str(n), sys.executable, *args]
+    command = python_under_mpiexec(n, *args)
     proc = subprocess.Popen(
         command,
         cwd=ROOT,

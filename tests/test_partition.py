@@ -96,6 +96,8 @@ def test_layout_views_and_locate():
     assert layout.locate(4) == ("w", (1, 1))
     assert layout.locate(7) == ("b", (1,))
     assert layout.locate(10) == ("<padding>", (1,))
+    assert [(i, spec.name, lo, hi) for i, spec, lo, hi in layout.overlaps(4, 12)] == [(0, "w", 4, 6), (1, "b", 6, 9)]
+    assert layout.overlaps(9, 12) == []
     import numpy as np
 
     flat = np.arange(9.0)

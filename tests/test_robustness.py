@@ -8,7 +8,9 @@ import sys
 import time
 
 import pytest
-from mpirun import ROOT, WORLD_SIZES, mpiexec, run_mpi, run_mpi_ok
+from mpirun import ROOT, WORLD_SIZES, run_mpi, run_mpi_ok
+
+from mpizero.launcher import mpiexec
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
