@@ -15,10 +15,10 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from mpizero.collectives import Collectives
-from mpizero.layout import FlatLayout
-from mpizero.reduce_scatter import ENV_VAR, reduce_scatter_in_pieces
-from mpizero.reduction import REDUCTIONS
+from mpizero.comm.collectives import Collectives
+from mpizero.comm.reduce_scatter import ENV_VAR, reduce_scatter_in_pieces
+from mpizero.core.layout import FlatLayout
+from mpizero.core.reduction import REDUCTIONS
 
 
 def median_seconds(comm, fn, repeat: int) -> float:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mpizero.launcher import python_under_mpiexec
+from mpizero.comm.launcher import python_under_mpiexec
 
 HERE = Path(__file__).resolve()
 CONFIGS = [
@@ -68,10 +68,10 @@ def mpizero_worker(args, config: str) -> dict:
     from mpi4py import MPI
 
     from mpizero import Adam, ZeroEngine
-    from mpizero.mlp import MLP
-    from mpizero.precision import PRECISIONS
-    from mpizero.stages import sharding
-    from mpizero.trainer import Trainer, make_groups
+    from mpizero.core.precision import PRECISIONS
+    from mpizero.core.stages import sharding
+    from mpizero.training.mlp import MLP
+    from mpizero.training.trainer import Trainer, make_groups
 
     comm = MPI.COMM_WORLD
     _, stage, reduction = config.split("-")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mpizero.launcher import python_under_mpiexec
+from mpizero.comm.launcher import python_under_mpiexec
 
 HERE = Path(__file__).resolve()
 
@@ -53,12 +53,12 @@ def worker(args) -> None:
     from threadpoolctl import threadpool_limits
 
     from mpizero import AdamW, ZeroEngine
-    from mpizero.datasets import Corpus, Digits
-    from mpizero.mlp import MLP
-    from mpizero.precision import PRECISIONS
-    from mpizero.stages import sharding
-    from mpizero.trainer import Trainer, make_groups
-    from mpizero.transformer import Transformer
+    from mpizero.core.precision import PRECISIONS
+    from mpizero.core.stages import sharding
+    from mpizero.training.datasets import Corpus, Digits
+    from mpizero.training.mlp import MLP
+    from mpizero.training.trainer import Trainer, make_groups
+    from mpizero.training.transformer import Transformer
 
     threadpool_limits(limits=1)
     comm = MPI.COMM_WORLD

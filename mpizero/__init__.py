@@ -1,13 +1,13 @@
 """mpizero: ZeRO training-state partitioning (stages 0-3) over MPI, bitwise-verified."""
 
-from .agree import ZeroError
-from .config import ZeroConfig
-from .engine import ZeroEngine
-from .layout import FlatLayout, TensorSpec
-from .optim import SGD, Adam, AdamW
-from .partition import Partition, split_evenly
-from .reference import Reference
-from .stages import STAGES, Sharding
+from mpizero.core.config import ZeroConfig
+from mpizero.core.engine import ZeroEngine
+from mpizero.core.errors import ZeroError
+from mpizero.core.layout import FlatLayout, TensorSpec
+from mpizero.core.optim import SGD, Adam, AdamW
+from mpizero.core.partition import Partition, split_evenly
+from mpizero.core.reference import Reference
+from mpizero.core.stages import STAGES, Sharding
 
 __all__ = [
     "STAGES",

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpizero import exact
+from mpizero.core import exact
 
 float32s = st.floats(width=32, allow_nan=False, allow_infinity=False)
 special = st.sampled_from([0.0, -0.0, 1e-45, -1e-45, 1.1754942e-38, 3.4028235e38, -3.4028235e38, 1.0, -1.0])

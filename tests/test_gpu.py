@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CU
 
 def cuda_aware_settings() -> list[str]:
     """Host staging always; straight device buffers too when the loaded MPI says it is CUDA-aware."""
-    from mpizero.cuda_aware import query_cuda_support
+    from mpizero.comm.cuda_aware import query_cuda_support
 
     return ["0", "1"] if query_cuda_support() else ["0"]
 

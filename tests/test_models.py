@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from mpizero.mlp import MLP, regression_batch
-from mpizero.model import forward_backward, param_shapes
-from mpizero.transformer import Transformer
+from mpizero.training.mlp import MLP, regression_batch
+from mpizero.training.model import forward_backward, param_shapes
+from mpizero.training.transformer import Transformer
 
 
 def finite_difference_check(model, params, x, y, samples_per_tensor=6, h=1e-6):

@@ -3,7 +3,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mpizero import STAGES, FlatLayout, Partition, split_evenly
-from mpizero.stages import sharding
+from mpizero.core.stages import sharding
 
 sizes = st.integers(min_value=0, max_value=10_000)
 worlds = st.integers(min_value=1, max_value=64)

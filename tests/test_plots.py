@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from mpirun import ROOT
 
-from mpizero.partition import Partition
-from mpizero.stages import sharding
+from mpizero.core.partition import Partition
+from mpizero.core.stages import sharding
 
-plot = pytest.importorskip("mpizero.plot", reason="plot tests need matplotlib (the test extra installs it)")
+plot = pytest.importorskip("mpizero.cli.plot", reason="plot tests need matplotlib (the test extra installs it)")
 pytest.importorskip("matplotlib", reason="plot tests need matplotlib (the test extra installs it)")
 
 
@@ -69,7 +69,7 @@ def test_memory_png_from_the_estimator(tmp_path):
 def test_missing_matplotlib_gives_a_clear_message(tmp_path):
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"
-        "from mpizero.__main__ import main\n"
+        "from mpizero.cli.main import main\n"
         f"main(['plot', 'partition', '-o', r'{tmp_path / 'x.png'}'])"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)

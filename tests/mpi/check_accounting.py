@@ -10,13 +10,14 @@ in elements it is the paper's 2 Psi (stages 0-2) or 3 Psi (stage 3) times (N-1)/
 import numpy as np
 from mpi4py import MPI
 
-from mpizero import Adam, ZeroEngine, formulas
-from mpizero.mlp import MLP, regression_batch
-from mpizero.precision import PRECISIONS
-from mpizero.stages import STAGES, sharding
-from mpizero.train import formula_setup
-from mpizero.trainer import Trainer, make_groups
-from mpizero.transformer import Transformer
+from mpizero import Adam, ZeroEngine
+from mpizero.cli.train import formula_setup
+from mpizero.core import formulas
+from mpizero.core.precision import PRECISIONS
+from mpizero.core.stages import STAGES, sharding
+from mpizero.training.mlp import MLP, regression_batch
+from mpizero.training.trainer import Trainer, make_groups
+from mpizero.training.transformer import Transformer
 
 comm = MPI.COMM_WORLD
 size = comm.Get_size()

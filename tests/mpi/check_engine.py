@@ -11,10 +11,10 @@ import numpy as np
 from mpi4py import MPI
 
 from mpizero import SGD, Adam, Reference, ZeroEngine, ZeroError, split_evenly
-from mpizero.collectives import Collectives
-from mpizero.mlp import MLP, regression_batch
-from mpizero.model import forward_backward
-from mpizero.reduce_scatter import reduce_scatter_in_pieces
+from mpizero.comm.collectives import Collectives
+from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
+from mpizero.training.mlp import MLP, regression_batch
+from mpizero.training.model import forward_backward
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()

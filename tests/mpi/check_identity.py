@@ -11,13 +11,13 @@ import numpy as np
 from mpi4py import MPI
 
 from mpizero import AdamW, ZeroEngine
-from mpizero.datasets import Corpus, Digits
-from mpizero.mlp import MLP
-from mpizero.model import param_shapes
-from mpizero.precision import PRECISIONS
-from mpizero.stages import STAGES, sharding
-from mpizero.trainer import Trainer, make_groups
-from mpizero.transformer import Transformer
+from mpizero.core.precision import PRECISIONS
+from mpizero.core.stages import STAGES, sharding
+from mpizero.training.datasets import Corpus, Digits
+from mpizero.training.mlp import MLP
+from mpizero.training.model import param_shapes
+from mpizero.training.trainer import Trainer, make_groups
+from mpizero.training.transformer import Transformer
 
 comm = MPI.COMM_WORLD
 MICRO_BATCHES, SIZE, STEPS = 4, 6, 3

@@ -7,9 +7,9 @@ import numpy as np
 from mpi4py import MPI
 
 from mpizero import SGD, Adam, Reference, ZeroEngine, ZeroError
-from mpizero.mlp import MLP, regression_batch
-from mpizero.precision import PRECISIONS
-from mpizero.trainer import Trainer
+from mpizero.core.precision import PRECISIONS
+from mpizero.training.mlp import MLP, regression_batch
+from mpizero.training.trainer import Trainer
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from mpi4py import MPI
 
 from mpizero import Adam, ZeroEngine
-from mpizero.model import unit_names
-from mpizero.precision import PRECISIONS
-from mpizero.trainer import Trainer
-from mpizero.transformer import Transformer
+from mpizero.core.precision import PRECISIONS
+from mpizero.training.model import unit_names
+from mpizero.training.trainer import Trainer
+from mpizero.training.transformer import Transformer
 
 comm = MPI.COMM_WORLD
 base = Transformer(vocab=11, block_size=8, width=16, heads=2, n_layer=3)

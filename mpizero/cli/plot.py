@@ -14,11 +14,11 @@ import os
 import subprocess
 import tempfile
 
-from . import formulas
-from .estimate import model_setups
-from .launcher import python_under_mpiexec
-from .partition import Partition
-from .stages import STAGES, sharding
+from mpizero.cli.estimate import model_setups
+from mpizero.comm.launcher import python_under_mpiexec
+from mpizero.core import formulas
+from mpizero.core.partition import Partition
+from mpizero.core.stages import STAGES, sharding
 
 ROWS = (("parameters", "params"), ("gradients", "grads"), ("optimizer state", "optimizer"))
 REPLICATED = "#b0b0b0"

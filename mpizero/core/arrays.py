@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .agree import ZeroError
+from mpizero.core.errors import ZeroError
 
 
 def is_device_array(a) -> bool:

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from . import exact, norm
-from .arrays import array_module
+from mpizero.core import exact, norm
+from mpizero.core.arrays import array_module
 
 
 class Reference:

@@ -12,11 +12,11 @@ import argparse
 import numpy as np
 from mpi4py import MPI
 
-from .arrays import to_host
-from .engine import ZeroEngine
-from .optim import SGD
-from .partition import split_evenly
-from .reference import Reference
+from mpizero.core.arrays import to_host
+from mpizero.core.engine import ZeroEngine
+from mpizero.core.optim import SGD
+from mpizero.core.partition import split_evenly
+from mpizero.core.reference import Reference
 
 INITIAL_PARAMS = np.array([0.1, -0.3, 0.5, 0.2, -0.1, 0.4, -0.2, 0.3], dtype=np.float32)
 LOCAL_GRADS = np.array(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import exact
+from mpizero.core import exact
 
 
 class ExactReduction:

@@ -19,17 +19,18 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from . import agree, norm
-from .arrays import array_module, to_host
-from .collectives import Collectives
-from .config import ZeroConfig
-from .exact import max_abs
-from .group import FlatGroup, ParamState
-from .layout import FlatLayout
-from .memory import KINDS, MemoryLog, peak_rss_bytes
-from .partition import Partition
-from .reduction import REDUCTIONS
-from .stages import sharding
+from mpizero.comm import agree
+from mpizero.comm.collectives import Collectives
+from mpizero.core import norm
+from mpizero.core.arrays import array_module, to_host
+from mpizero.core.config import ZeroConfig
+from mpizero.core.exact import max_abs
+from mpizero.core.group import FlatGroup, ParamState
+from mpizero.core.layout import FlatLayout
+from mpizero.core.memory import KINDS, MemoryLog, peak_rss_bytes
+from mpizero.core.partition import Partition
+from mpizero.core.reduction import REDUCTIONS
+from mpizero.core.stages import sharding
 
 GRAD_DTYPE = np.dtype(np.float32)
 IN_FLIGHT = 2  # gradient collectives left running at once; older ones are finished to free their buffers

@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import math
 
-from . import formulas
-from .memory import format_bytes
-from .model import param_shapes
-from .optim import OPTIMIZERS
-from .precision import PRECISIONS
-from .stages import STAGES, sharding
-from .trainer import make_groups
+from mpizero.core import formulas
+from mpizero.core.memory import format_bytes
+from mpizero.core.optim import OPTIMIZERS
+from mpizero.core.precision import PRECISIONS
+from mpizero.core.stages import STAGES, sharding
+from mpizero.training.model import param_shapes
+from mpizero.training.trainer import make_groups
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,8 +58,8 @@ def print_paper_table(psi: float, ranks: int, k: int) -> None:
 
 def model_setups(args):
     """Yield ``(stage, Setup, numel)`` for the model the flags describe, at every stage."""
-    from .datasets import Corpus
-    from .train import build
+    from mpizero.cli.train import build
+    from mpizero.training.datasets import Corpus
 
     model = build(args, None if args.model == "mlp" else len(Corpus.load().alphabet))
     shapes = param_shapes(model)

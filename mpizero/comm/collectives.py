@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from .arrays import array_module, is_device_array
-from .cuda_aware import cuda_aware
-from .reduce_scatter import allows_shared, reduce_scatter_in_pieces, use_pieces
-from .shared import SharedArena
-from .watchdog import Watchdog
+from mpizero.comm.cuda_aware import cuda_aware
+from mpizero.comm.reduce_scatter import allows_shared, reduce_scatter_in_pieces, use_pieces
+from mpizero.comm.shared import SharedArena
+from mpizero.comm.watchdog import Watchdog
+from mpizero.core.arrays import array_module, is_device_array
 
 WIRE_VIEWS = {"bfloat16": np.uint16, "float16": np.uint16}
 

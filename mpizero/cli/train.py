@@ -14,18 +14,19 @@ import time
 
 import numpy as np
 
-from . import checkpoint, faults, formulas
-from .agree import ZeroError
-from .arrays import DEVICES, device_module, to_device
-from .engine import ZeroEngine
-from .memory import format_bytes
-from .mlp import MLP
-from .model import param_shapes
-from .optim import OPTIMIZERS
-from .precision import PRECISIONS
-from .stages import STAGES, sharding
-from .trainer import Trainer, make_groups
-from .transformer import Transformer
+from mpizero.checkpoint import store as checkpoint
+from mpizero.comm.agree import ZeroError
+from mpizero.core import faults, formulas
+from mpizero.core.arrays import DEVICES, device_module, to_device
+from mpizero.core.engine import ZeroEngine
+from mpizero.core.memory import format_bytes
+from mpizero.core.optim import OPTIMIZERS
+from mpizero.core.precision import PRECISIONS
+from mpizero.core.stages import STAGES, sharding
+from mpizero.training.mlp import MLP
+from mpizero.training.model import param_shapes
+from mpizero.training.trainer import Trainer, make_groups
+from mpizero.training.transformer import Transformer
 
 DEFAULT_BUCKET_ELEMS = 1 << 21  # 8 MiB of float32; see README for the measurement behind it
 
@@ -90,7 +91,7 @@ DATA_SETTINGS = ("model", "seed", "global_batch", "micro_batches", "block_size")
 
 
 def run(args, comm) -> int:
-    from .datasets import Corpus, Digits
+    from mpizero.training.datasets import Corpus, Digits
 
     check_arguments(args, comm.Get_size())
     data = Digits.load() if args.model == "mlp" else Corpus.load()
@@ -242,7 +243,7 @@ def formula_setup(engine) -> formulas.Setup:
 
 def evaluate(args, model, data, master) -> None:
     """Print the held-out figure the README quotes for this model."""
-    from .model import forward_backward
+    from mpizero.training.model import forward_backward
 
     if args.model == "mlp":
         x, y = data.held_out()

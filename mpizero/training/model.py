@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .arrays import array_module
+from mpizero.core.arrays import array_module
 
 
 def param_shapes(model) -> dict[str, tuple[int, ...]]:

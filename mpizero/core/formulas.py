@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .partition import Partition
-from .stages import sharding
+from mpizero.core.partition import Partition
+from mpizero.core.stages import sharding
 
 PAPER_K = 12
 

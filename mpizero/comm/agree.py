@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-
-class ZeroError(RuntimeError):
-    """An error raised identically on every rank of the communicator."""
+from mpizero.core.errors import ZeroError
 
 
 def raise_if_any(comm, problem: str | None, context: str) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arrays import array_module
+from mpizero.core.arrays import array_module
 
 CHUNK = 1 << 15  # elements per host chunk: an update's temporaries stay in cache
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arrays import array_module
-from .model import mean_squared_error, param_shapes, softmax_cross_entropy
+from mpizero.core.arrays import array_module
+from mpizero.training.model import mean_squared_error, param_shapes, softmax_cross_entropy
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from .arrays import array_module
+from mpizero.core.arrays import array_module
 
 SUM_BITS = 62
 CHUNK = 1 << 15  # elements per host chunk: float64 and int64 temporaries stay in L2

@@ -11,16 +11,16 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .arrays import DEVICES, bits, device_module, to_device, to_host
-from .engine import ZeroEngine
-from .memory import format_bytes
-from .mlp import MLP, regression_batch
-from .optim import OPTIMIZERS
-from .precision import PRECISIONS, LossScaler
-from .reference import Reference
-from .stages import STAGES, sharding
-from .trainer import Trainer, make_groups, reference_step
-from .transformer import Transformer
+from mpizero.core.arrays import DEVICES, bits, device_module, to_device, to_host
+from mpizero.core.engine import ZeroEngine
+from mpizero.core.memory import format_bytes
+from mpizero.core.optim import OPTIMIZERS
+from mpizero.core.precision import PRECISIONS, LossScaler
+from mpizero.core.reference import Reference
+from mpizero.core.stages import STAGES, sharding
+from mpizero.training.mlp import MLP, regression_batch
+from mpizero.training.trainer import Trainer, make_groups, reference_step
+from mpizero.training.transformer import Transformer
 
 WIDTHS = (13, 31, 29, 5)
 VOCAB = 11

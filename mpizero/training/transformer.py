@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arrays import array_module
-from .model import param_shapes, softmax_cross_entropy
+from mpizero.core.arrays import array_module
+from mpizero.training.model import param_shapes, softmax_cross_entropy
 
 LN_EPS = 1e-5
 GELU_C = math.sqrt(2.0 / math.pi)

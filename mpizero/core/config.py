@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .precision import PRECISIONS
-from .reduction import REDUCTIONS
-from .stages import STAGES
+from mpizero.core.precision import PRECISIONS
+from mpizero.core.reduction import REDUCTIONS
+from mpizero.core.stages import STAGES
 
 NONFINITE_POLICIES = ("raise", "skip")
 

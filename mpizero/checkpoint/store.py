@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import agree, faults
-from .arrays import to_host
+from mpizero.comm import agree
+from mpizero.core import faults
+from mpizero.core.arrays import to_host
 
 FORMAT = "mpizero-checkpoint-1"
 MANIFEST = "manifest.json"

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import agree
-from .model import forward_backward, param_shapes, unit_names
-from .partition import split_evenly
-from .precision import LossScaler, Precision
+from mpizero.comm import agree
+from mpizero.core.partition import split_evenly
+from mpizero.core.precision import LossScaler, Precision
+from mpizero.training.model import forward_backward, param_shapes, unit_names
 
 
 def make_groups(model, by_unit: bool, bucket_elems: int) -> list[list[str]]:

@@ -24,9 +24,9 @@ import enum
 
 import numpy as np
 
-from .layout import FlatLayout
-from .partition import Partition
-from .stages import Sharding
+from mpizero.core.layout import FlatLayout
+from mpizero.core.partition import Partition
+from mpizero.core.stages import Sharding
 
 
 class ParamState(enum.Enum):

@@ -17,7 +17,7 @@ HELD_OUT_DIGITS = 297
 
 
 def _data_file(name: str):
-    return resources.files("mpizero") / "data" / name
+    return resources.files(__package__) / "data" / name
 
 
 @dataclass(frozen=True)

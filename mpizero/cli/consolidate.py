@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import checkpoint
+from mpizero.checkpoint import store as checkpoint
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

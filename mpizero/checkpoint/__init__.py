@@ -1,0 +1,1 @@
+"""Sharded checkpoints: written per rank, validated before they are trusted."""

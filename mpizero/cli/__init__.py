@@ -1,0 +1,1 @@
+"""The command line: ``python -m mpizero {example,verify,train,estimate,plot,consolidate}``."""

@@ -1,0 +1,1 @@
+"""Communication: every collective mpizero makes, watched, counted and agreed."""
