@@ -102,14 +102,17 @@ def save(engine, directory: str, training_state: dict, keep: int | None = None) 
     comm, rank = engine.comm, engine.comm.Get_rank()
     step = int(training_state["step"])
     final = os.path.join(directory, f"ckpt-{step:08d}")
-    partial = comm.bcast(f"{final}.partial-{secrets.token_hex(4)}" if rank == 0 else None)
+    collectives = engine.collectives
+    partial = collectives.bcast_object(
+        f"{final}.partial-{secrets.token_hex(4)}" if rank == 0 else None, "the save directory"
+    )
     problem = None
     if rank == 0:
         try:
             os.makedirs(partial)
         except OSError as error:
             problem = f"cannot create {partial}: {error.strerror}"
-    agree.raise_if_any(comm, problem, "checkpoint save")
+    agree.raise_if_any(collectives, problem, "checkpoint save")
     pieces = rank_pieces(engine)
     files, problem = {}, None
     try:
@@ -130,8 +133,8 @@ def save(engine, directory: str, training_state: dict, keep: int | None = None) 
     except OSError as error:
         problem = f"cannot write in {partial}: {error.strerror}"
     faults.maybe_kill("save", step, rank)
-    agree.raise_if_any(comm, problem, "checkpoint save")
-    everyone = comm.gather(([p.__dict__ for p, _, _ in pieces], files))
+    agree.raise_if_any(collectives, problem, "checkpoint save")
+    everyone = collectives.gather_object(([p.__dict__ for p, _, _ in pieces], files), "the checkpoint pieces")
     if rank == 0:
         manifest = {
             "format": FORMAT,
@@ -154,7 +157,7 @@ def save(engine, directory: str, training_state: dict, keep: int | None = None) 
         _fsync_dir(directory)
         if keep is not None:
             _rotate(directory, keep)
-    comm.Barrier()
+    collectives.barrier("returning from the save")
     return final
 
 
@@ -293,7 +296,7 @@ def load(engine, path: str) -> dict:
         problem = str(error)
     except OSError as error:
         problem = f"{path}: {error}"
-    agree.raise_if_any(engine.comm, problem, "cannot load checkpoint")
+    agree.raise_if_any(engine.collectives, problem, "cannot load checkpoint")
     for group in engine.groups:
         group.publish(engine.collectives)
     return manifest["training"]

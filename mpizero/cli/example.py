@@ -52,7 +52,7 @@ def run(args, comm) -> int:
         to_host(group.grad_shard),
         to_host(group.master_shard),
     )
-    shards = comm.gather(mine)
+    shards = engine.collectives.gather_object(mine, "the shards")
     with engine.gathered() as full:
         gathered = np.array(to_host(full["params"]))
     naive = Reference({"params": INITIAL_PARAMS}, SGD(lr=LR), reduction=args.reduction)
@@ -62,7 +62,7 @@ def run(args, comm) -> int:
     if rank == 0:
         averaged = naive.average([{"params": g} for g in LOCAL_GRADS])["params"]
         print_table(args.stage, size, group.partition, averaged, shards, gathered, expected, match)
-    return 0 if comm.allreduce(match, op=MPI.LAND) else 1
+    return 0 if engine.collectives.allreduce_value(match, MPI.LAND, "the verdict") else 1
 
 
 def print_table(stage, size, partition, averaged, shards, gathered, expected, match) -> None:

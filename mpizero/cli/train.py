@@ -174,7 +174,7 @@ def resume(args, engine, trainer) -> int:
             found = checkpoint.resolve(args.resume)
         except checkpoint.CheckpointError as error:
             found = str(error)
-    found = comm.bcast(found)
+    found = engine.collectives.bcast_object(found, "the checkpoint to resume")
     if isinstance(found, str):
         raise checkpoint.CheckpointError(found)
     path, torn = found

@@ -134,12 +134,12 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
         f"{args.precision}  reduction {args.reduction}  {accounting(engine)}:"
     )
     if not engine.reduction.bitwise:
-        worst = comm.allreduce(worst, op=MPI.MAX)
+        worst = engine.collectives.allreduce_value(worst, MPI.MAX, "the largest difference")
         ok = worst <= NATIVE_TOLERANCE
         verdict = "within" if ok else "OUTSIDE"
         detail = f"max relative difference {worst:.2e}, tolerance {NATIVE_TOLERANCE:.0e}; not bitwise"
         return f"{head} {verdict} tolerance ({detail})", ok
-    reports = [m for m in comm.allgather(first_mismatch) if m is not None]
+    reports = [m for m in engine.collectives.allgather_object(first_mismatch, "mismatches") if m is not None]
     if reports:
         return f"{head} {min(reports, key=lambda m: (m.step, m.rank))}", False
     return f"{head} bitwise", True

@@ -12,17 +12,17 @@ from collections.abc import Hashable
 from mpizero.core.errors import ZeroError
 
 
-def raise_if_any(comm, problem: str | None, context: str) -> None:
+def raise_if_any(collectives, problem: str | None, context: str) -> None:
     """Collectively check ``problem`` (None when fine); raise on every rank if any rank has one."""
-    problems = comm.allgather(problem)
+    problems = collectives.allgather_object(problem, context)
     bad = [f"rank {rank}: {text}" for rank, text in enumerate(problems) if text]
     if bad:
         raise ZeroError(f"{context}: " + "; ".join(bad))
 
 
-def raise_unless_equal(comm, fields: dict[str, Hashable]) -> None:
+def raise_unless_equal(collectives, fields: dict[str, Hashable]) -> None:
     """Raise on every rank unless all ranks hold the same value of every field, naming field, ranks and values."""
-    everyone = comm.allgather(fields)
+    everyone = collectives.allgather_object(fields, "the set-up signature")
     for name in fields:
         values = [rank_fields.get(name) for rank_fields in everyone]
         differing = [rank for rank, v in enumerate(values) if v != values[0]]

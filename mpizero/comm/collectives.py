@@ -12,6 +12,7 @@ length on every rank, and every rank makes the same calls in the same order.
 
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -73,7 +74,8 @@ class Collectives:
         self.comm = comm
         self.traffic = Traffic()
         self.watchdog = Watchdog(watchdog_seconds, comm.Get_rank())
-        self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        with self.watchdog.waiting("set-up: splitting ranks by node"):
+            self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.arenas: dict = {}  # key -> SharedArena; "bucket" is the one stages 2-3 share
 
     @property
@@ -85,7 +87,7 @@ class Collectives:
     def shared_buffer(self, numel: int, dtype, key="bucket") -> np.ndarray:
         """Arena ``key`` as ``numel`` elements (collective when made or grown); reduce it with ``reduce_scatter``."""
         if key not in self.arenas:
-            self.arenas[key] = SharedArena(self.comm, self.node)
+            self.arenas[key] = SharedArena(self.comm, self.node, self.watchdog)
         return self.arenas[key].buffer(numel, dtype)
 
     @property
@@ -98,6 +100,33 @@ class Collectives:
         self.traffic.record("agreement", everyone.nbytes, self.comm.Get_size())
         with self.watchdog.waiting("agreement"):
             self.comm.Allgather(local, everyone)
+
+    # Small control messages: Python objects and scalars, counted as ``agreement`` traffic.
+
+    def allgather_object(self, value, what: str) -> list:
+        """Every rank's ``value``, in rank order, on every rank."""
+        return self._control(f"allgather of {what}", value, lambda: self.comm.allgather(value))
+
+    def bcast_object(self, value, what: str, root: int = 0):
+        """Rank ``root``'s ``value`` on every rank."""
+        return self._control(f"bcast of {what}", value, lambda: self.comm.bcast(value, root=root))
+
+    def gather_object(self, value, what: str, root: int = 0) -> list | None:
+        """Every rank's ``value`` in rank order on ``root``; None elsewhere."""
+        return self._control(f"gather of {what}", value, lambda: self.comm.gather(value, root=root))
+
+    def allreduce_value(self, value, op: MPI.Op, what: str):
+        """``op`` (``MPI.MAX``, ``MPI.SUM``, ``MPI.LAND``, ...) over every rank's Python scalar."""
+        return self._control(f"allreduce of {what}", value, lambda: self.comm.allreduce(value, op=op))
+
+    def barrier(self, what: str) -> None:
+        """Wait until every rank has reached this point."""
+        self._control(f"barrier before {what}", None, self.comm.Barrier)
+
+    def _control(self, op: str, value, call):
+        self.traffic.record("agreement", len(pickle.dumps(value)) * self.comm.Get_size(), self.comm.Get_size())
+        with self.watchdog.waiting(op):
+            return call()
 
     def reduce_scatter(self, send, recv, blocking: bool = True) -> Pending:
         """Sum ``send`` (world_size * len(recv) elements) over ranks; keep this rank's block.

@@ -25,9 +25,9 @@ CHUNK = 1 << 15  # elements summed at a time: the running sum stays in cache
 class SharedArena:
     """The node-shared buffer this rank encodes into, and the reduce-scatter that reads it."""
 
-    def __init__(self, comm: MPI.Comm, node: MPI.Comm) -> None:
+    def __init__(self, comm: MPI.Comm, node: MPI.Comm, watchdog) -> None:
         """``node``: ``comm`` split by shared memory; usable only when that leaves ``comm`` whole."""
-        self.comm, self.node = comm, node
+        self.comm, self.node, self.watchdog = comm, node, watchdog
         self.window, self.segments, self.nbytes = None, [], 0
 
     def owns(self, array: np.ndarray) -> bool:
@@ -44,7 +44,8 @@ class SharedArena:
 
     def _allocate(self, nbytes: int) -> None:
         self.free()
-        self.window = MPI.Win.Allocate_shared(nbytes, 1, comm=self.node)
+        with self.watchdog.waiting("shared-memory window allocation"):
+            self.window = MPI.Win.Allocate_shared(nbytes, 1, comm=self.node)
         self.segments = [np.frombuffer(self.window.Shared_query(r)[0], dtype=np.uint8) for r in range(self.node.size)]
         self.window.Lock_all(MPI.MODE_NOCHECK)
         self.nbytes = nbytes
@@ -54,7 +55,8 @@ class SharedArena:
         size, rank, block = self.comm.Get_size(), self.comm.Get_rank(), recv.size
         views = [segment[: local.nbytes].view(local.dtype) for segment in self.segments]
         self.window.Sync()
-        self.node.Barrier()
+        with self.watchdog.waiting("shared-memory reduce-scatter (all segments written)"):
+            self.node.Barrier()
         self.window.Sync()
         start = rank * block
         for lo in range(0, block, CHUNK):
@@ -63,10 +65,12 @@ class SharedArena:
             out[...] = views[0][start + lo : start + hi]
             for source in views[1:size]:
                 out += source[start + lo : start + hi]
-        self.node.Barrier()  # everyone has read every segment: the arena may be written again
+        with self.watchdog.waiting("shared-memory reduce-scatter (all segments read)"):
+            self.node.Barrier()  # everyone has read every segment: the arena may be written again
 
     def free(self) -> None:
         if self.window is not None:
             self.window.Unlock_all()
-            self.window.Free()
+            with self.watchdog.waiting("shared-memory window free"):
+                self.window.Free()
             self.window, self.segments, self.nbytes = None, [], 0

@@ -76,8 +76,8 @@ class ZeroEngine:
         self._skipping = False
         self.names = list(params)
         group_names = [self.names] if groups is None else [list(g) for g in groups]
-        agree.raise_if_any(self.comm, _check_params(params, group_names), "bad parameters")
-        agree.raise_unless_equal(self.comm, self._signature(params, group_names))
+        agree.raise_if_any(self.collectives, _check_params(params, group_names), "bad parameters")
+        agree.raise_unless_equal(self.collectives, self._signature(params, group_names))
         xp = array_module(next(iter(params.values())))
         rank, size = self.comm.Get_rank(), self.comm.Get_size()
         plan = sharding(self.config.stage)
@@ -173,7 +173,7 @@ class ZeroEngine:
         self.collectives.agree(local, stats)
         if stats[:, 1].any():
             self._abandon()
-            agree.raise_if_any(self.comm, problem, f"step {self.step_number}: bad gradients")
+            agree.raise_if_any(self.collectives, problem, f"step {self.step_number}: bad gradients")
         self._count = int(stats[:, 0].sum())
         if self._count == 0:
             self._abandon()
@@ -234,7 +234,7 @@ class ZeroEngine:
         """Scale every grad shard so the global gradient norm is at most ``clip_norm``; return the norm."""
         pieces = [g.grad_shard for g in self.groups]
         sharded = self.groups[0].sharding.optimizer
-        grad_norm = norm.global_norm(pieces, self.numel, self.comm if sharded else None)
+        grad_norm = norm.global_norm(pieces, self.numel, self.collectives if sharded else None)
         factor = norm.clip_factor(grad_norm, self.config.clip_norm)
         if factor is not None:
             for piece in pieces:
@@ -268,7 +268,7 @@ class ZeroEngine:
             start, stop = group.partition.shard_range(group.rank)
             owned_start = start - group.owned_range[0]
             shard = to_host(group.master_shard[owned_start : owned_start + stop - start])
-            self.comm.Allgather(np.ascontiguousarray(shard), full)
+            self.collectives.allgather(np.ascontiguousarray(shard), full)
             result.update({k: v.copy() for k, v in group.layout.views(full).items()})
         return {name: result[name] for name in self.names}
 

@@ -34,17 +34,17 @@ def fixed_point_squares(pieces, k: int) -> int:
     return total
 
 
-def global_norm(pieces, numel: int, comm=None) -> float:
-    """Return the L2 norm of the vector whose pieces are spread over ``comm`` (None: all here)."""
+def global_norm(pieces, numel: int, collectives=None) -> float:
+    """Return the L2 norm of the vector whose pieces are spread over ``collectives``' ranks (None: all here)."""
     largest = max((exact.max_abs(x) for x in pieces), default=0.0)
-    if comm is not None:
-        largest = comm.allreduce(largest, op=MPI.MAX)
+    if collectives is not None:
+        largest = collectives.allreduce_value(largest, MPI.MAX, "the largest gradient for the norm")
     if not math.isfinite(largest):
         return math.inf
     k = squares_exponent(largest, numel)
     total = fixed_point_squares(pieces, k)
-    if comm is not None:
-        total = comm.allreduce(total, op=MPI.SUM)
+    if collectives is not None:
+        total = collectives.allreduce_value(total, MPI.SUM, "the squared gradient norm")
     return math.sqrt(math.ldexp(float(total), -k))
 
 

@@ -93,7 +93,7 @@ class Trainer:
             loaded = {m: micro_batches(m) for m in mine}
         except Exception as error:  # a failed load stops every rank, not just this one
             problem = f"micro-batch failed to load: {type(error).__name__}: {error}"
-        agree.raise_if_any(comm, problem, f"step {self.engine.step_number}: loading data")
+        agree.raise_if_any(self.engine.collectives, problem, f"step {self.engine.step_number}: loading data")
         losses, stored = {}, []
         for r in range(rounds):
             batch = loaded[mine[r]] if r < len(mine) else None
@@ -104,7 +104,9 @@ class Trainer:
         result = self.engine.finish_step()
         if self.scaler is not None:
             self.scaler.update(result.skipped)
-        everyone = {m: v for part in comm.allgather(losses) for m, v in part.items()}
+        everyone = {
+            m: v for part in self.engine.collectives.allgather_object(losses, "losses") for m, v in part.items()
+        }
         loss = sum(everyone[m] for m in range(total)) / total
         return StepReport(loss, result.skipped, self.loss_scale, result.grad_norm)
 
