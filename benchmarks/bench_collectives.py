@@ -16,7 +16,8 @@ import numpy as np
 from mpi4py import MPI
 
 from mpizero.comm.collectives import Collectives
-from mpizero.comm.reduce_scatter import ENV_VAR, reduce_scatter_in_pieces
+from mpizero.comm.paths import ENV_VAR
+from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
 from mpizero.core.layout import FlatLayout
 from mpizero.core.reduction import REDUCTIONS
 
@@ -53,7 +54,7 @@ def arena_path(coll, wide, wide_shard):
     return lambda: coll.reduce_scatter(arena, wide_shard)
 
 
-def measure(comm, coll, mib: int, repeat: int) -> list[tuple]:
+def measure(comm, coll, one_call_coll, mib: int, repeat: int) -> list[tuple]:
     """Time every path on one buffer size; return ``(MiB, path, seconds, GiB/s, ratio to raw)`` rows.
 
     Sizes are of the float32 gradient; int64 rows move twice the bytes (the exact reduction's wire).
@@ -65,13 +66,11 @@ def measure(comm, coll, mib: int, repeat: int) -> list[tuple]:
     specs = FlatLayout.from_shapes({"g": (numel,)}).specs
     shard, wide_shard = np.empty(numel // size, np.float32), np.empty(numel // size, np.int64)
     full = np.zeros(numel, np.float32)
-    os.environ[ENV_VAR] = "mpi"  # the wrappers as one MPI call each
     raw_rs = median_seconds(comm, lambda: comm.Reduce_scatter_block(grad, shard, op=MPI.SUM), repeat)
     raw_wide = median_seconds(comm, lambda: comm.Reduce_scatter_block(wide, wide_shard, op=MPI.SUM), repeat)
     raw_ag = median_seconds(comm, lambda: comm.Allgather(shard, full), repeat)
-    one_call = median_seconds(comm, lambda: coll.reduce_scatter(grad, shard), repeat)
-    one_call_wide = median_seconds(comm, lambda: coll.reduce_scatter(wide, wide_shard), repeat)
-    os.environ[ENV_VAR] = "auto"  # what the engine does
+    one_call = median_seconds(comm, lambda: one_call_coll.reduce_scatter(grad, shard), repeat)
+    one_call_wide = median_seconds(comm, lambda: one_call_coll.reduce_scatter(wide, wide_shard), repeat)
     pieces = median_seconds(comm, lambda: reduce_scatter_in_pieces(comm, wide, wide_shard), repeat)
     arena = median_seconds(comm, arena_path(coll, wide, wide_shard), repeat)
     native = median_seconds(comm, reduction_path(coll, REDUCTIONS["native"], {"g": grad}, specs, shard), repeat)
@@ -97,8 +96,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
+    os.environ[ENV_VAR] = "mpi"  # the wrappers as one MPI call each
+    one_call_coll = Collectives(comm)
+    os.environ[ENV_VAR] = "auto"  # what the engine does
     coll = Collectives(comm)
-    rows = [row for mib in args.sizes_mib for row in measure(comm, coll, mib, args.repeat)]
+    rows = [row for mib in args.sizes_mib for row in measure(comm, coll, one_call_coll, mib, args.repeat)]
     if comm.Get_rank() == 0:
         print(f"ranks {comm.Get_size()}, median of {args.repeat}, float32 buffer sizes")
         print(f"{'MiB':>5}  {'path':<42} {'seconds':>9} {'GiB/s f32':>9} {'x raw':>6}")

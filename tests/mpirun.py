@@ -40,3 +40,40 @@ def run_mpi_ok(n: int, args: list[str], timeout: float = 120, env: dict | None =
     done = run_mpi(n, args, timeout, env)
     assert done.returncode == 0, f"exit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     return done.stdout
+
+
+def start_mpi(n: int, args: list[str], env: dict | None = None) -> subprocess.Popen:
+    """Start ``mpiexec -n n python ARGS`` in a session of its own, so its processes can be told from others."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **(env or {})}
+    return subprocess.Popen(
+        python_under_mpiexec(n, *args),
+        cwd=ROOT,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def rank_pids(proc: subprocess.Popen) -> dict[int, int]:
+    """The pids of the MPI ranks that ``proc`` (from ``start_mpi``) launched, by rank: its descendants, nothing else."""
+    parents, ranks = {}, {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+        rank = [v.split(b"=", 1)[1] for v in environ if v.startswith(b"PMI_RANK=")]
+        if rank:
+            ranks[int(entry.name)] = int(rank[0])
+    return {rank: pid for pid, rank in ranks.items() if _descends_from(pid, proc.pid, parents)}
+
+
+def _descends_from(pid: int, ancestor: int, parents: dict[int, int]) -> bool:
+    while pid in parents and pid != ancestor:
+        pid = parents[pid]
+    return pid == ancestor

@@ -85,7 +85,6 @@ def test_stage_table_shards_more_at_each_stage():
         (True, True, False),
         (True, True, True),
     ]
-    assert [r.gradient_collective for r in rows] == ["allreduce"] + ["reduce_scatter"] * 3
     with pytest.raises(ValueError, match="got 5"):
         sharding(5)
 

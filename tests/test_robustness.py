@@ -122,3 +122,18 @@ def test_shell_scripts_pass_shellcheck():
         [shellcheck, "launch/mpirun.sh", "launch/slurm.sbatch", ".ci/run"], cwd=ROOT, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout
+
+
+@pytest.mark.parametrize(
+    "signs",
+    [{"PMI_SIZE": "4", "PMI_RANK": "1"}, {"OMPI_COMM_WORLD_SIZE": "4"}, {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "4"}],
+)
+@pytest.mark.parametrize("command", [["verify", "--steps", "1"], ["example"]])
+def test_a_split_launch_is_refused_instead_of_running_as_separate_jobs(signs, command):
+    """What a mismatched launcher leaves behind: N processes, each a 1-rank world, with the launcher's variables."""
+    env = {**os.environ, **signs}
+    done = subprocess.run(
+        [sys.executable, "-m", "mpizero", *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done
+    assert "1-rank MPI world, but the launcher started more" in done.stderr and "bitwise" not in done.stdout

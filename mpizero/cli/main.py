@@ -16,6 +16,7 @@ from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
 from mpizero.cli import consolidate, estimate, example, plot, train, verify
+from mpizero.comm import launch
 from mpizero.comm.agree import ZeroError
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         threadpool_limits(limits=1)  # one BLAS thread per rank: reproducible, and cores not oversubscribed
     comm = MPI.COMM_WORLD
     try:
+        launch.refuse_split_launch(comm)
         return COMMANDS[args.command].run(args, comm)
     except ZeroError as error:
         if comm.Get_rank() == 0:

@@ -81,7 +81,7 @@ def partition_figure(numel: int, ranks: int, path: str) -> dict:
     for ax, stage in zip(axes, stages):
         plan = sharding(stage)
         for row, (_, kind) in enumerate(ROWS):
-            sharded = getattr(plan, kind)
+            sharded = plan.shards(kind)
             y = len(ROWS) - 1 - row
             for i in range(partition.padded_numel):
                 padding = i >= numel

@@ -12,16 +12,18 @@ length on every rank, and every rank makes the same calls in the same order.
 
 from __future__ import annotations
 
+import os
 import pickle
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
 
-from mpizero.comm.cuda_aware import cuda_aware
-from mpizero.comm.reduce_scatter import allows_shared, reduce_scatter_in_pieces, use_pieces
-from mpizero.comm.shared import SharedArena
+from mpizero.comm import agree, cuda_aware, paths
+from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
+from mpizero.comm.shared import SHM_DIR, SharedArena, shm_has_room
 from mpizero.comm.watchdog import Watchdog
 from mpizero.core.arrays import array_module, is_device_array
 
@@ -70,25 +72,56 @@ class Pending:
 class Collectives:
     """The engine's collectives on one communicator, with staging and counting."""
 
-    def __init__(self, comm: MPI.Comm, watchdog_seconds: float | None = None) -> None:
+    def __init__(self, comm: MPI.Comm, watchdog_seconds: float | None = None, on_device: bool = False) -> None:
+        """Settle and agree the communication paths (collective: every rank builds its Collectives together)."""
         self.comm = comm
         self.traffic = Traffic()
         self.watchdog = Watchdog(watchdog_seconds, comm.Get_rank())
         with self.watchdog.waiting("set-up: splitting ranks by node"):
             self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.arenas: dict = {}  # key -> SharedArena; "bucket" is the one stages 2-3 share
+        self.paths = self._settle_paths(on_device)
+
+    def _settle_paths(self, on_device: bool) -> paths.CommPaths:
+        asked = {v: os.environ.get(v) for v in (paths.ENV_VAR, cuda_aware.ENV_VAR)}
+        agree.raise_unless_equal(self, {f"the environment's {v}": value for v, value in asked.items()})
+        nodes = self.allreduce_value(int(self.node.Get_rank() == 0), MPI.SUM, "the node count")
+        requested = paths.requested_reduce_scatter()
+        device = ("cuda-aware" if cuda_aware.cuda_aware() else "staged") if on_device else "host"
+        library = MPI.Get_library_version().splitlines()[0].strip()
+        return paths.CommPaths(paths.settle_reduce_scatter(requested, nodes, on_device), device, nodes, library)
 
     @property
     def shared(self) -> bool:
         """Whether gradients may be encoded into a node-shared arena and reduced from there."""
-        whole = self.node.Get_size() == self.comm.Get_size() and self.node.Get_rank() == self.comm.Get_rank()
-        return whole and allows_shared()
+        return self.paths.reduce_scatter == "shared"
 
     def shared_buffer(self, numel: int, dtype, key="bucket") -> np.ndarray:
-        """Arena ``key`` as ``numel`` elements (collective when made or grown); reduce it with ``reduce_scatter``."""
-        if key not in self.arenas:
-            self.arenas[key] = SharedArena(self.comm, self.node, self.watchdog)
-        return self.arenas[key].buffer(numel, dtype)
+        """Arena ``key`` as ``numel`` elements (collective when made or grown); reduce it with ``reduce_scatter``.
+
+        If the shared memory behind the arena has too little room (agreed on every rank), the job falls
+        back to MPI's reduce-scatter for good, says so once, and this returns a private buffer.
+        """
+        arena = self.arenas.setdefault(key, SharedArena(self.comm, self.node, self.watchdog))
+        nbytes = numel * np.dtype(dtype).itemsize
+        if nbytes > arena.nbytes and not self._room_for(nbytes - arena.nbytes):
+            return np.empty(numel, dtype)
+        return arena.buffer(numel, dtype)
+
+    def _room_for(self, more_bytes: int) -> bool:
+        """Agree whether the node's shared memory can take ``more_bytes`` more per rank; fall back if not."""
+        room, free = shm_has_room(more_bytes * self.node.Get_size())
+        if self.allreduce_value(room, MPI.LAND, "room for the shared-memory arena"):
+            return True
+        self.paths = self.paths.without_shared()
+        if self.comm.Get_rank() == 0:
+            print(
+                f"mpizero: {SHM_DIR} has {free} bytes free, too few for the shared-memory reduce-scatter "
+                f"({more_bytes * self.node.Get_size()} more): using MPI's reduce-scatter instead",
+                file=sys.stderr,
+                flush=True,
+            )
+        return False
 
     @property
     def bucket_bytes(self) -> int:
@@ -137,7 +170,7 @@ class Collectives:
         arena = next((a for a in self.arenas.values() if a.owns(send)), None)
         if arena is not None:
             return self._run("reduce_scatter", send.nbytes, arena.reduce_scatter, send, recv, True)
-        if not is_device_array(send) and use_pieces(send.nbytes):
+        if not is_device_array(send) and send.nbytes >= self.paths.pieces_from_bytes:
             return self._run("reduce_scatter", send.nbytes, self._in_pieces, send, recv, True)
         call = self.comm.Reduce_scatter_block if blocking else self.comm.Ireduce_scatter_block
         return self._run("reduce_scatter", send.nbytes, lambda s, r: call(s, r, op=MPI.SUM), send, recv, blocking)
@@ -150,10 +183,10 @@ class Collectives:
         call = self.comm.Allreduce if blocking else self.comm.Iallreduce
         return self._run("allreduce", send.nbytes, lambda s, r: call(s, r, op=MPI.SUM), send, recv, blocking)
 
-    def allgather(self, send, recv, blocking: bool = True) -> Pending:
-        """Concatenate every rank's ``send`` into ``recv`` in rank order."""
+    def allgather(self, send, recv, blocking: bool = True, counted_as: str = "allgather") -> Pending:
+        """Concatenate every rank's ``send`` into ``recv`` in rank order; counted under ``counted_as``."""
         call = self.comm.Allgather if blocking else self.comm.Iallgather
-        return self._run("allgather", recv.nbytes, call, send, recv, blocking)
+        return self._run(counted_as, recv.nbytes, call, send, recv, blocking)
 
     def allgather_in_place(self, full) -> Pending:
         """All-gather into ``full``, whose block for this rank already holds its shard."""
@@ -172,7 +205,7 @@ class Collectives:
     def _start(self, collective, send, recv) -> Pending:
         if not is_device_array(recv):
             return Pending(collective(send, recv))
-        if cuda_aware():
+        if self.paths.device == "cuda-aware":
             array_module(recv).cuda.get_current_stream().synchronize()
             return Pending(collective(send, recv))
         staged_send = None if send is None else send.get()

@@ -16,10 +16,24 @@ between steps as that stage keeps it.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from mpi4py import MPI
 
 CHUNK = 1 << 15  # elements summed at a time: the running sum stays in cache
+SHM_DIR = "/dev/shm"  # where MPICH and Open MPI back shared windows on Linux
+HEADROOM = 1.25  # the window's own bookkeeping, and other users of the same tmpfs
+
+
+def shm_has_room(nbytes: int) -> tuple[bool, int]:
+    """Whether the shared-memory filesystem has room for ``nbytes`` more; and its free bytes."""
+    try:
+        stat = os.statvfs(SHM_DIR)
+    except OSError:
+        return True, -1  # no such filesystem here: the MPI library backs windows elsewhere
+    free = stat.f_bavail * stat.f_frsize
+    return free >= nbytes * HEADROOM, free
 
 
 class SharedArena:

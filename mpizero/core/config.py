@@ -25,6 +25,7 @@ class ZeroConfig:
     - on_nonfinite: a NaN/Inf gradient on any rank ``raise``s on every rank, or ``skip``s the step.
     - overlap: start collectives nonblocking so they overlap computation.
     - watchdog: seconds one collective may wait before the job is ended with a report, or None.
+    - allow_singleton: run as a 1-rank world even where a launcher says it started more processes.
     """
 
     stage: int = 2
@@ -35,6 +36,7 @@ class ZeroConfig:
     on_nonfinite: str = "raise"
     overlap: bool = True
     watchdog: float | None = None
+    allow_singleton: bool = False
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES or isinstance(self.stage, bool):

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from mpizero.comm import agree
+from mpizero.comm import agree, launch
 from mpizero.comm.collectives import Collectives
 from mpizero.core import norm
-from mpizero.core.arrays import array_module, to_host
+from mpizero.core.arrays import array_module, is_device_array, to_host
 from mpizero.core.config import ZeroConfig
 from mpizero.core.exact import max_abs
 from mpizero.core.group import FlatGroup, ParamState
@@ -30,7 +30,8 @@ from mpizero.core.layout import FlatLayout
 from mpizero.core.memory import KINDS, MemoryLog, peak_rss_bytes
 from mpizero.core.partition import Partition
 from mpizero.core.reduction import REDUCTIONS
-from mpizero.core.stages import sharding
+from mpizero.core.stages import ShardPlan, sharding
+from mpizero.core.step import StepTracker
 
 GRAD_DTYPE = np.dtype(np.float32)
 IN_FLIGHT = 2  # gradient collectives left running at once; older ones are finished to free their buffers
@@ -64,31 +65,31 @@ class ZeroEngine:
     ) -> None:
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.config = ZeroConfig(**settings)
+        launch.refuse_split_launch(self.comm, self.config.allow_singleton)
         self.optimizer = optimizer
         self.reduction = REDUCTIONS[self.config.reduction]
-        self.collectives = Collectives(self.comm, self.config.watchdog)
+        self.names = list(params)
+        group_names = [self.names] if groups is None else [list(g) for g in groups]
+        problem = _check_params(params, group_names)
+        on_device = problem is None and is_device_array(next(iter(params.values())))
+        self.collectives = Collectives(self.comm, self.config.watchdog, on_device)
         self.step_count = self.skipped_steps = 0
         self.peak_gathered_groups = 0
         self.memory_log = MemoryLog()
-        self._pending: dict[int, list[int]] = {}  # groups whose gradient collective is in flight: their scales
-        self._reduced: set[int] = set()  # groups whose averaged grad shard is ready this step
-        self._count = 0
-        self._skipping = False
-        self.names = list(params)
-        group_names = [self.names] if groups is None else [list(g) for g in groups]
-        agree.raise_if_any(self.collectives, _check_params(params, group_names), "bad parameters")
+        self._pending: dict[int, tuple[list[int], int]] = {}  # groups with a collective in flight: scales, count
+        agree.raise_if_any(self.collectives, problem, "bad parameters")
         agree.raise_unless_equal(self.collectives, self._signature(params, group_names))
         xp = array_module(next(iter(params.values())))
         rank, size = self.comm.Get_rank(), self.comm.Get_size()
-        plan = sharding(self.config.stage)
         self.groups: list[FlatGroup] = []
         for names in group_names:
             layout = FlatLayout.from_shapes({n: params[n].shape for n in names})
-            partition = Partition(layout.numel, size, self.config.align)
-            group = FlatGroup(layout, partition, rank, plan, xp, self.config.param_dtype, params)
+            plan = ShardPlan(sharding(self.config.stage), Partition(layout.numel, size, self.config.align), rank)
+            group = FlatGroup(layout, plan, xp, self.config.param_dtype, params)
             group.init_optimizer(optimizer.state_names)
             self.groups.append(group)
         self.numel = sum(g.layout.numel for g in self.groups)
+        self._tracker = StepTracker(len(self.groups))
         self._note_gathered()
 
     def _signature(self, params: Mapping, group_names) -> dict:
@@ -100,6 +101,7 @@ class ZeroEngine:
             "the parameter dtypes": tuple(str(a.dtype) for a in params.values()),
             "the groups": tuple(map(tuple, group_names)),
             "the settings": self.config,
+            "the communication paths": self.collectives.paths,
             "the optimizer": repr(self.optimizer),
             "the initial parameter values": _digest(params),
         }
@@ -138,7 +140,7 @@ class ZeroEngine:
         return self.step_count + self.skipped_steps + 1
 
     def _note_gathered(self) -> None:
-        gathered = sum(g.state is not ParamState.SHARDED for g in self.groups if g.sharding.params)
+        gathered = sum(g.state is not ParamState.SHARDED for g in self.groups if g.plan.gathers_params)
         self.peak_gathered_groups = max(self.peak_gathered_groups, gathered)
         self.memory_log.sample(self.memory())
 
@@ -159,7 +161,7 @@ class ZeroEngine:
 
     def start_reduce(self, index: int, contributions: Sequence[Mapping]) -> None:
         """Agree on group ``index``'s scales with all ranks, encode, and start its gradient collective."""
-        if self._skipping:
+        if not self._tracker.start(index, self.step_number):
             return
         group = self.groups[index]
         problem = self._check_contributions(group, contributions)
@@ -174,55 +176,58 @@ class ZeroEngine:
         if stats[:, 1].any():
             self._abandon()
             agree.raise_if_any(self.collectives, problem, f"step {self.step_number}: bad gradients")
-        self._count = int(stats[:, 0].sum())
-        if self._count == 0:
+        count = int(stats[:, 0].sum())
+        if count == 0:
             self._abandon()
             raise agree.ZeroError(f"step {self.step_number}: no rank handed in any gradients")
         bad_ranks = [r for r in range(stats.shape[0]) if not np.isfinite(stats[r, 2:]).all()]
         if bad_ranks:
-            self._on_nonfinite(index, bad_ranks)
+            self._abandon(keep_step=True)
+            self._tracker.skip()
+            self._skip_or_raise(f"non-finite gradient in group {index} on ranks {bad_ranks}")
             return
         try:
-            scales = [self.reduction.scale_for(float(m), self._count) for m in stats[:, 2:].max(axis=0)]
+            scales = [self.reduction.scale_for(float(m), count) for m in stats[:, 2:].max(axis=0)]
         except OverflowError as error:  # every rank computes the same scales, so every rank gets here
             self._abandon()
             raise agree.ZeroError(f"step {self.step_number}: {error}") from None
         group.start_reduce(self.collectives, self.reduction, contributions, scales, blocking=not self.config.overlap)
-        self._pending[index] = scales
+        self._pending[index] = (scales, count)
         self.memory_log.sample(self.memory())
         while len(self._pending) > IN_FLIGHT:  # finish the oldest: its int64 buffers go before the next arrive
             self._finish_reduce(next(iter(self._pending)))
 
     def _finish_reduce(self, index: int) -> None:
-        self.groups[index].finish_reduce(self.reduction, self._pending.pop(index), self._count)
-        self._reduced.add(index)
+        scales, count = self._pending.pop(index)
+        self.groups[index].finish_reduce(self.reduction, scales, count)
 
-    def _on_nonfinite(self, index: int, bad_ranks: list[int]) -> None:
-        message = f"step {self.step_number}: non-finite gradient in group {index} on ranks {bad_ranks}"
-        self._abandon()
+    def _skip_or_raise(self, problem: str) -> None:
+        """Apply ``on_nonfinite`` to an agreed problem: raise it on every rank, or let the step be skipped."""
         if self.config.on_nonfinite == "raise":
-            raise agree.ZeroError(message)
-        self._skipping = True
+            self._tracker.reset()
+            raise agree.ZeroError(f"step {self.step_number}: {problem}")
 
-    def _abandon(self) -> None:
+    def _abandon(self, keep_step: bool = False) -> None:
         """Complete every in-flight gradient collective without using it; forget the step's reductions."""
         for index in self._pending:
             self.groups[index].abandon_reduce()
         self._pending.clear()
-        self._reduced.clear()
+        if not keep_step:
+            self._tracker.reset()
 
     def finish_step(self) -> StepResult:
         """Finish every group's reduction, clip, update and publish; or skip the step if agreed."""
-        if self._skipping:
-            self._skipping = False
+        missing = self._tracker.missing()
+        if self._tracker.finish(self.step_number):
             self.skipped_steps += 1
             return StepResult(self.step_count, skipped=True)
         for index in list(self._pending):
             self._finish_reduce(index)
-        missing = sorted(set(range(len(self.groups))) - self._reduced)
-        self._reduced.clear()
         if missing:
             raise agree.ZeroError(f"step {self.step_number}: groups {missing} were never reduced")
+        if self.reduction.result_can_overflow and self._nonfinite_result():
+            self.skipped_steps += 1
+            return StepResult(self.step_count, skipped=True)
         grad_norm = self._clip() if self.config.clip_norm is not None else None
         self.step_count += 1
         for group in self.groups:
@@ -230,11 +235,20 @@ class ZeroEngine:
             group.publish(self.collectives)
         return StepResult(self.step_count, skipped=False, grad_norm=grad_norm)
 
+    def _nonfinite_result(self) -> bool:
+        """Agree whether any averaged gradient overflowed (MPI's float32 sum can); raise or skip as configured."""
+        local = not all(bool(array_module(g.grad_shard).isfinite(g.grad_shard).all()) for g in self.groups)
+        if not self.collectives.allreduce_value(local, MPI.LOR, "whether any averaged gradient overflowed"):
+            return False
+        bad = [r for r, flag in enumerate(self.collectives.allgather_object(local, "overflowed results")) if flag]
+        self._skip_or_raise(f"non-finite averaged gradient (the float32 sum overflowed) on ranks {bad}")
+        return True
+
     def _clip(self) -> float:
         """Scale every grad shard so the global gradient norm is at most ``clip_norm``; return the norm."""
         pieces = [g.grad_shard for g in self.groups]
-        sharded = self.groups[0].sharding.optimizer
-        grad_norm = norm.global_norm(pieces, self.numel, self.collectives if sharded else None)
+        across_ranks = self.groups[0].plan.norm_needs_all_ranks
+        grad_norm = norm.global_norm(pieces, self.numel, self.collectives if across_ranks else None)
         factor = norm.clip_factor(grad_norm, self.config.clip_norm)
         if factor is not None:
             for piece in pieces:
@@ -245,6 +259,9 @@ class ZeroEngine:
         if not isinstance(contributions, Sequence):
             return f"gradients must be a dict or a list of dicts, got {type(contributions).__name__}"
         for i, grads in enumerate(contributions):
+            unknown = sorted(set(grads) - set(self.names)) if isinstance(grads, Mapping) else []
+            if unknown:
+                return f"contribution {i} has gradients for unknown parameters {unknown[:3]}"
             for spec in group.layout.specs:
                 g = grads.get(spec.name) if isinstance(grads, Mapping) else None
                 if g is None:
@@ -268,7 +285,7 @@ class ZeroEngine:
             start, stop = group.partition.shard_range(group.rank)
             owned_start = start - group.owned_range[0]
             shard = to_host(group.master_shard[owned_start : owned_start + stop - start])
-            self.collectives.allgather(np.ascontiguousarray(shard), full)
+            self.collectives.allgather(np.ascontiguousarray(shard), full, counted_as="report")
             result.update({k: v.copy() for k, v in group.layout.views(full).items()})
         return {name: result[name] for name in self.names}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpizero.core.partition import Partition
-from mpizero.core.stages import sharding
+from mpizero.core.stages import GradientCollective, ShardPlan, sharding, span
 
 PAPER_K = 12
 
@@ -43,28 +43,31 @@ class Setup:
     def partitions(self) -> list[Partition]:
         return [Partition(n, self.ranks, self.align) for n in self.group_numels]
 
+    def plans(self) -> list[ShardPlan]:
+        """Rank 0's plan for each group (every rank holds the same number of elements)."""
+        return [ShardPlan(sharding(self.stage), p, 0) for p in self.partitions()]
+
 
 def engine_bytes(setup: Setup) -> dict[str, int]:
     """Bytes each rank holds between steps, by kind, as ``ZeroEngine.memory()`` reports them."""
-    plan = sharding(setup.stage)
-    padded = sum(p.padded_numel for p in setup.partitions())
-    shard = sum(p.shard_numel for p in setup.partitions())
-    owned = shard if plan.optimizer else padded
+    plans = setup.plans()
+    owned = sum(span(p.owned_range) for p in plans)
     return {
-        "params": (shard if plan.params else padded) * setup.param_bytes,
+        "params": sum(span(p.params_range) for p in plans) * setup.param_bytes,
         "gathered": 0,
         "grads": owned * 4,
         "master": owned * 4,
         "optimizer": owned * 4 * setup.optimizer_states,
-        "comm": _comm_bytes(setup, plan, padded),
+        "comm": _comm_bytes(setup, plans),
     }
 
 
-def _comm_bytes(setup: Setup, plan, padded: int) -> int:
-    """Stages 0-1 keep the full local gradient buffer; 2-3 keep nothing, or the arena of the largest bucket."""
-    if not plan.grads:
-        return padded * setup.wire_bytes
-    return max(p.padded_numel for p in setup.partitions()) * setup.wire_bytes if setup.shared_arena else 0
+def _comm_bytes(setup: Setup, plans: list[ShardPlan]) -> int:
+    """Kept local gradient buffers (stages 0-1), or else the shared arena of the largest bucket, if any."""
+    kept = sum(p.partition.padded_numel for p in plans if p.keeps_local_grads)
+    if kept or not setup.shared_arena:
+        return kept * setup.wire_bytes
+    return max(p.partition.padded_numel for p in plans) * setup.wire_bytes
 
 
 def traffic_per_step(setup: Setup, rounds: int = 1) -> dict[str, int]:
@@ -72,19 +75,20 @@ def traffic_per_step(setup: Setup, rounds: int = 1) -> dict[str, int]:
 
     ``rounds``: micro-batch rounds per step; stage 3 gathers every unit twice per round.
     """
-    plan, n = sharding(setup.stage), setup.ranks
+    n = setup.ranks
     sent = {"reduce_scatter": 0, "allreduce": 0, "allgather": 0}
-    for p in setup.partitions():
-        wire, params = p.padded_numel * setup.wire_bytes, p.padded_numel * setup.param_bytes
-        if plan.gradient_collective == "allreduce":
+    for plan in setup.plans():
+        padded = plan.partition.padded_numel
+        wire, params = padded * setup.wire_bytes, padded * setup.param_bytes
+        if plan.gradient_collective is GradientCollective.ALLREDUCE:
             sent["allreduce"] += 2 * wire * (n - 1) // n
         else:
             sent["reduce_scatter"] += wire * (n - 1) // n
-        gathers = 2 * rounds if plan.params else int(plan.optimizer)
-        sent["allgather"] += gathers * (params * (n - 1) // n)
+        sent["allgather"] += plan.allgathers_per_step(rounds) * (params * (n - 1) // n)
     return sent
 
 
 def paper_traffic_elements(psi: float, ranks: int, stage: int) -> float:
     """The paper's per-rank volume in elements: 2Psi (stages 0-2) or 3Psi (stage 3), times (N-1)/N."""
-    return (3 if sharding(stage).params else 2) * psi * (ranks - 1) / ranks
+    passes = 3 if sharding(stage).params else 2  # stage 3 also gathers parameters in backward
+    return passes * psi * (ranks - 1) / ranks

@@ -25,8 +25,7 @@ import enum
 import numpy as np
 
 from mpizero.core.layout import FlatLayout
-from mpizero.core.partition import Partition
-from mpizero.core.stages import Sharding
+from mpizero.core.stages import GradientCollective, Publish, ShardPlan
 
 
 class ParamState(enum.Enum):
@@ -40,21 +39,20 @@ class ParamState(enum.Enum):
 class FlatGroup:
     """Buffers of one parameter group on one rank, for one stage."""
 
-    def __init__(
-        self, layout: FlatLayout, partition: Partition, rank: int, sharding: Sharding, xp, param_dtype, initial
-    ):
-        self.layout, self.partition, self.rank, self.sharding = layout, partition, rank, sharding
+    def __init__(self, layout: FlatLayout, plan: ShardPlan, xp, param_dtype, initial):
+        self.layout, self.plan = layout, plan
+        self.partition, self.rank = plan.partition, plan.rank
         self.xp, self.param_dtype = xp, np.dtype(param_dtype)
-        full = xp.zeros(partition.padded_numel, dtype=np.float32)
+        full = xp.zeros(self.partition.padded_numel, dtype=np.float32)
         for name, view in layout.views(full).items():
             view[...] = initial[name]
-        start, stop = self.owned_range
+        start, stop = plan.owned_range
         self.master_shard = full[start:stop].copy()
         self.optimizer_state: dict = {}
         self.grad_shard = xp.zeros(stop - start, dtype=np.float32)
         self.local_grads = self.reduced = self.pending_reduce = self.pending_gather = None
-        shard_start, shard_stop = partition.shard_range(rank)
-        if sharding.params:
+        shard_start, shard_stop = plan.shard_range
+        if plan.gathers_params:
             self.full_params = None
             self.param_shard = full[shard_start:shard_stop].astype(self.param_dtype)
             self.state = ParamState.SHARDED
@@ -65,9 +63,7 @@ class FlatGroup:
 
     @property
     def owned_range(self) -> tuple[int, int]:
-        if self.sharding.optimizer:
-            return self.partition.shard_range(self.rank)
-        return 0, self.partition.padded_numel
+        return self.plan.owned_range
 
     def owned_segments(self) -> list[tuple[int, int, int]]:
         """Return ``(tensor index, start, stop)`` of each tensor's piece of the owned range (owned-relative)."""
@@ -100,7 +96,7 @@ class FlatGroup:
 
     def release(self) -> None:
         """Free the full params again when only the shard is to be kept (stage 3)."""
-        if self.sharding.params and self.state is not ParamState.SHARDED:
+        if self.plan.gathers_params and self.state is not ParamState.SHARDED:
             self._finish_gather()  # MPI may still be writing into the buffer
             self.full_params = None
             self.state = ParamState.SHARDED
@@ -113,8 +109,9 @@ class FlatGroup:
         buffer, at stage 1 this group's own (its kept local grads).
         """
         padded, wire = self.partition.padded_numel, reduction.wire_dtype
-        shared = collectives.shared and self.xp is np and self.sharding.gradient_collective == "reduce_scatter"
-        if shared and self.sharding.grads:
+        scatter = self.plan.gradient_collective is GradientCollective.REDUCE_SCATTER
+        shared = collectives.shared and self.xp is np and scatter
+        if shared and not self.plan.keeps_local_grads:
             local = collectives.shared_buffer(padded, wire)
         else:
             if self.local_grads is None:
@@ -124,7 +121,7 @@ class FlatGroup:
             local = self.local_grads
         reduction.encode(local, contributions, self.layout.specs, scales)
         self.reduced = self.xp.empty(self.grad_shard.shape, dtype=reduction.wire_dtype)
-        if self.sharding.gradient_collective == "reduce_scatter":
+        if scatter:
             self.pending_reduce = collectives.reduce_scatter(local, self.reduced, blocking)
         else:
             self.pending_reduce = collectives.allreduce(local, self.reduced, blocking)
@@ -135,16 +132,17 @@ class FlatGroup:
         self.grad_shard[...] = 0
         for index, lo, hi in self.owned_segments():
             reduction.decode(self.reduced[lo:hi], scales[index], count, self.grad_shard[lo:hi])
-        self.reduced = self.pending_reduce = None
-        if self.sharding.grads:
-            self.local_grads = None
+        self._drop_reduce_buffers()
 
     def abandon_reduce(self) -> None:
         """Complete an in-flight gradient collective without using its result (a skipped step)."""
         if self.pending_reduce is not None:
             self.pending_reduce.wait()
+        self._drop_reduce_buffers()
+
+    def _drop_reduce_buffers(self) -> None:
         self.reduced = self.pending_reduce = None
-        if self.sharding.grads:
+        if not self.plan.keeps_local_grads:
             self.local_grads = None
 
     def update(self, optimizer, step: int) -> None:
@@ -153,19 +151,19 @@ class FlatGroup:
 
     def publish(self, collectives) -> None:
         """Copy the master shard into the parameters every rank will use next."""
-        if self.sharding.params:
-            self.param_shard[...] = self.master_shard
-        elif self.sharding.optimizer:
-            self.param_shard[...] = self.master_shard
-            collectives.allgather_in_place(self.full_params)
-        else:
+        publish = self.plan.publish
+        if publish is Publish.COPY_FULL:
             self.full_params[...] = self.master_shard
+            return
+        self.param_shard[...] = self.master_shard
+        if publish is Publish.COPY_THEN_ALLGATHER:
+            collectives.allgather_in_place(self.full_params)
 
     def memory(self) -> dict[str, int]:
         """Bytes this group holds now, by kind (see ``memory.KINDS``)."""
-        transient_full = self.sharding.params and self.full_params is not None
+        transient_full = self.plan.gathers_params and self.full_params is not None
         return {
-            "params": self.param_shard.nbytes if self.sharding.params else self.full_params.nbytes,
+            "params": self.param_shard.nbytes if self.plan.gathers_params else self.full_params.nbytes,
             "gathered": self.full_params.nbytes if transient_full else 0,
             "grads": self.grad_shard.nbytes,
             "master": self.master_shard.nbytes,

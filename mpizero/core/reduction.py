@@ -20,6 +20,7 @@ class ExactReduction:
     name = "exact"
     wire_dtype = np.dtype(np.int64)
     bitwise = True
+    result_can_overflow = False  # the mean of values below the agreed maximum is below it
 
     def scale_for(self, max_abs: float, count: int) -> int:
         return exact.exponent_for(max_abs, count)
@@ -41,6 +42,7 @@ class NativeReduction:
     name = "native"
     wire_dtype = np.dtype(np.float32)
     bitwise = False
+    result_can_overflow = True  # a float32 sum of finite values can reach inf
 
     def scale_for(self, max_abs: float, count: int) -> int:
         return 0
@@ -50,8 +52,9 @@ class NativeReduction:
         for spec in specs:
             view = local[spec.offset : spec.stop]
             view[...] = contributions[0][spec.name].reshape(-1) if contributions else 0
-            for grads in contributions[1:]:
-                view += grads[spec.name].reshape(-1)
+            with np.errstate(over="ignore"):  # an overflow becomes inf, which the engine agrees on after the sum
+                for grads in contributions[1:]:
+                    view += grads[spec.name].reshape(-1)
 
     def decode(self, reduced, scale: int, count: int, out) -> None:
         out[...] = reduced / np.float32(count)

@@ -1,11 +1,19 @@
-"""The ZeRO stage table: which training state each stage shards.
+"""The ZeRO stage table, and the plan one rank follows for one flat group.
 
-The engine asks this table; no other module tests a stage number.
+``STAGES`` says which training state each stage shards. ``ShardPlan`` answers
+every question the engine, the byte formulas, checkpoints and the command line
+ask about one group on one rank: what it owns, what it holds and keeps between
+steps, which gradient collective runs, how the new parameters are published and
+how many all-gathers a step makes. No other module tests a stage number or a
+sharding flag. No MPI here: plain pytest checks it at any world size.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+
+from mpizero.core.partition import Partition
 
 
 @dataclass(frozen=True)
@@ -16,10 +24,9 @@ class Sharding:
     grads: bool
     params: bool
 
-    @property
-    def gradient_collective(self) -> str:
-        """Reduce-scatter when only a shard of the averaged gradient is needed."""
-        return "reduce_scatter" if self.optimizer else "allreduce"
+    def shards(self, kind: str) -> bool:
+        """Whether training state ``kind`` (``optimizer``, ``grads`` or ``params``) is sharded."""
+        return getattr(self, kind)
 
 
 STAGES: dict[int, Sharding] = {
@@ -36,3 +43,84 @@ def sharding(stage: int) -> Sharding:
         return STAGES[stage]
     except (KeyError, TypeError):
         raise ValueError(f"stage must be one of {sorted(STAGES)}, got {stage!r}") from None
+
+
+def groups_by_unit(stage: int) -> bool:
+    """Whether the stage gathers parameters unit by unit, so each model unit is its own flat group."""
+    return sharding(stage).params
+
+
+class GradientCollective(enum.Enum):
+    """How local gradients become the averaged gradient this rank updates from."""
+
+    ALLREDUCE = "allreduce"  # every rank gets the whole averaged gradient
+    REDUCE_SCATTER = "reduce_scatter"  # every rank gets only its shard of it
+
+
+class Publish(enum.Enum):
+    """How the updated master shard reaches the parameters every rank computes with."""
+
+    COPY_FULL = "copy the whole master into the full params"
+    COPY_THEN_ALLGATHER = "copy the shard into the full params, then all-gather them"
+    COPY_SHARD = "copy the shard into the param shard; full params are gathered when used"
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """What rank ``rank`` does with one flat group at one stage."""
+
+    sharding: Sharding
+    partition: Partition
+    rank: int
+
+    @property
+    def shard_range(self) -> tuple[int, int]:
+        """This rank's block of the padded flat buffer."""
+        return self.partition.shard_range(self.rank)
+
+    @property
+    def owned_range(self) -> tuple[int, int]:
+        """What this rank updates (grad, master and optimizer state shards): its block, or all at stage 0."""
+        return self.shard_range if self.sharding.optimizer else (0, self.partition.padded_numel)
+
+    @property
+    def params_range(self) -> tuple[int, int]:
+        """The parameters this rank holds between steps: its param shard at stage 3, the full params otherwise."""
+        return self.shard_range if self.sharding.params else (0, self.partition.padded_numel)
+
+    @property
+    def keeps_local_grads(self) -> bool:
+        """Whether the full local gradient buffer is kept between steps (unsharded gradients)."""
+        return not self.sharding.grads
+
+    @property
+    def gathers_params(self) -> bool:
+        """Whether full params exist only between a gather and a release."""
+        return self.sharding.params
+
+    @property
+    def gradient_collective(self) -> GradientCollective:
+        """Reduce-scatter when only a shard of the averaged gradient is needed."""
+        return GradientCollective.REDUCE_SCATTER if self.sharding.optimizer else GradientCollective.ALLREDUCE
+
+    @property
+    def publish(self) -> Publish:
+        if self.sharding.params:
+            return Publish.COPY_SHARD
+        return Publish.COPY_THEN_ALLGATHER if self.sharding.optimizer else Publish.COPY_FULL
+
+    @property
+    def norm_needs_all_ranks(self) -> bool:
+        """Whether the global gradient norm must be summed over ranks (each holds only its grad shard)."""
+        return self.sharding.optimizer
+
+    def allgathers_per_step(self, rounds: int) -> int:
+        """All-gathers of this group per step: twice per micro-batch round at stage 3, one publish at 1-2."""
+        if self.gathers_params:
+            return 2 * rounds
+        return 1 if self.publish is Publish.COPY_THEN_ALLGATHER else 0
+
+
+def span(numel_range: tuple[int, int]) -> int:
+    """The number of elements in a ``(start, stop)`` range."""
+    return numel_range[1] - numel_range[0]

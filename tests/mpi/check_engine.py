@@ -6,6 +6,7 @@ compare runs at different world sizes.
 """
 
 import hashlib
+from collections import Counter
 
 import numpy as np
 from mpi4py import MPI
@@ -141,7 +142,10 @@ def check_host_staging():
     device_full = FakeDeviceArray(full.copy())
     coll.allgather_in_place(device_full)
     assert device_full.host.tolist() == np.repeat(np.arange(size), 3).tolist()
-    assert coll.traffic.calls == {"reduce_scatter": 1, "allgather": 1}
+    assert coll.traffic.calls - Counter(agreement=coll.traffic.calls["agreement"]) == {
+        "reduce_scatter": 1,
+        "allgather": 1,
+    }
 
 
 def check_shared_arena_reduce_scatter():

@@ -3,11 +3,14 @@
 Run: mpiexec -n N python -m mpi4py tests/mpi/check_robustness.py
 """
 
+import os
+
 import numpy as np
 from mpi4py import MPI
 
 from mpizero import SGD, Adam, Reference, ZeroEngine, ZeroError
 from mpizero.core.precision import PRECISIONS
+from mpizero.core.step import StepOrderError
 from mpizero.training.mlp import MLP, regression_batch
 from mpizero.training.trainer import Trainer
 
@@ -71,6 +74,62 @@ def load(m):
 
 expect_error(lambda: trainer.step(load, size), "loading data", "rank 0: micro-batch failed to load: OSError")
 trainer.step(lambda m: regression_batch(model.widths, 0, 1, m, 2), size)  # and it can go on
+
+# Calls out of order: a clear error, and the engine stays usable.
+engine = ZeroEngine(
+    {"a": np.ones(3, np.float32), "b": np.ones(5, np.float32)}, SGD(lr=0.1), comm=comm, groups=[["a"], ["b"]]
+)
+ones = {"a": np.ones(3, np.float32), "b": np.ones(5, np.float32)}
+try:
+    engine.finish_step()
+except StepOrderError as error:
+    assert "finish_step() called with no start_reduce()" in str(error), error
+else:
+    raise AssertionError("finish_step before any start_reduce accepted")
+engine.start_reduce(0, [ones])
+try:
+    engine.start_reduce(0, [ones])
+except StepOrderError as error:
+    assert "start_reduce(0) called twice" in str(error), error
+else:
+    raise AssertionError("start_reduce twice accepted")
+engine.start_reduce(1, [ones])
+assert not engine.finish_step().skipped
+
+# An unknown gradient name is an error on every rank, not silently ignored.
+expect_error(
+    lambda: engine.step({**ones, "zzz": np.ones(2, np.float32)} if rank == 0 else ones), "unknown parameters ['zzz']"
+)
+
+# Each group keeps its own contribution count: group a averages 1 per rank, group b 2 per rank.
+groups_engine = ZeroEngine(dict(ones), Adam(lr=0.1), comm=comm, groups=[["a"], ["b"]], stage=2)
+ref_a, ref_b = Reference({"a": ones["a"]}, Adam(lr=0.1)), Reference({"b": ones["b"]}, Adam(lr=0.1))
+ga = {"a": np.full(3, 0.5 + rank, np.float32)}
+gb = [{"b": np.full(5, 0.25 * (rank + k), np.float32)} for k in (1, 2)]
+groups_engine.start_reduce(0, [ga])
+groups_engine.start_reduce(1, gb)
+groups_engine.finish_step()
+ref_a.step([{"a": np.full(3, 0.5 + r, np.float32)} for r in range(size)])
+ref_b.step([{"b": np.full(5, 0.25 * (r + k), np.float32)} for r in range(size) for k in (1, 2)])
+master = groups_engine.master_params()
+assert master["a"].tobytes() == ref_a.params["a"].tobytes() and master["b"].tobytes() == ref_b.params["b"].tobytes()
+
+# The native float32 sum overflowing is a non-finite result: raised, or the step skipped, on every rank.
+huge = [{"w": np.full(4, 3e38, np.float32)}] * 2
+native = ZeroEngine({"w": np.ones(4, np.float32)}, SGD(lr=0.1), comm=comm, reduction="native")
+expect_error(lambda: native.step(huge), "non-finite averaged gradient (the float32 sum overflowed)")
+native = ZeroEngine({"w": np.ones(4, np.float32)}, SGD(lr=0.1), comm=comm, reduction="native", on_nonfinite="skip")
+assert native.step(huge).skipped and native.master_params()["w"].tolist() == [1.0] * 4
+assert not native.step({"w": np.ones(4, np.float32)}).skipped
+
+# Ranks whose environments ask for different communication paths are refused at set-up.
+if size > 1:
+    os.environ["MPIZERO_REDUCE_SCATTER"] = "mpi" if rank == 1 else "auto"
+    expect_error(
+        lambda: ZeroEngine({"w": np.ones(4, np.float32)}, SGD(lr=0.1), comm=comm),
+        "ranks disagree on the environment's MPIZERO_REDUCE_SCATTER",
+    )
+    del os.environ["MPIZERO_REDUCE_SCATTER"]
 
 if rank == 0:
     print("robustness ok")
