@@ -203,11 +203,12 @@ class Collectives:
         return pending
 
     def _start(self, collective, send, recv) -> Pending:
+        """Start the call; the Pending holds its buffers, so none is freed while MPI may still use it."""
         if not is_device_array(recv):
-            return Pending(collective(send, recv))
+            return Pending(collective(send, recv), keep=(send, recv))
         if self.paths.device == "cuda-aware":
             array_module(recv).cuda.get_current_stream().synchronize()
-            return Pending(collective(send, recv))
+            return Pending(collective(send, recv), keep=(send, recv))
         staged_send = None if send is None else send.get()
         staged_recv = np.empty(recv.shape, recv.dtype)
         if send is None:
