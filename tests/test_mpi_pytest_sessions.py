@@ -45,3 +45,16 @@ def test_plain_pytest_skips_them_and_says_how_to_run_them():
     assert "passed" not in done.stdout and re.search(r"\d+ skipped", done.stdout), done.stdout
     assert "run under mpiexec: mpiexec -n N python -m pytest --with-mpi -m mpi tests/mpi_pytest" in done.stdout
     assert "failing" not in done.stdout, "the deliberate failures must stay out of normal collection"
+
+
+def readme_block(marker: str) -> str:
+    readme = (ROOT / "README.md").read_text()
+    return re.search(rf"<!-- {marker} -->\n```python\n(.*?)```", readme, re.S).group(1)
+
+
+def test_readme_testing_example_runs_as_shown(tmp_path):
+    (tmp_path / "conftest.py").write_text(readme_block("testing-conftest"))
+    (tmp_path / "test_my_engine.py").write_text(readme_block("testing-example"))
+    done = run_mpi(3, [*SESSION, str(tmp_path)], timeout=120, env=ENV)
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    assert re.findall(r"(\d+) passed", done.stdout) == ["1"], done.stdout
