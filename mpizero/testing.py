@@ -88,14 +88,21 @@ class MPISession:
         self.comm = comm
 
     def pytest_runtest_logreport(self, report) -> None:
-        """Print a failed test's report, then end every rank: the others may be waiting on this one."""
-        if not report.failed:
-            return
+        """A test failed here (set-up, call or teardown): end every rank, the others may be waiting on it."""
+        if report.failed:
+            self._abort(report, f"failed in {report.when}")
+
+    def pytest_collectreport(self, report) -> None:
+        """Collection failed here: the other ranks would run tests this rank never reaches, so end them."""
+        if report.failed:
+            self._abort(report, "failed to collect")
+
+    def _abort(self, report, what: str) -> None:
         rank, size = self.comm.Get_rank(), self.comm.Get_size()
         sections = "".join(f"\n--- {title} ---\n{text}" for title, text in report.sections)
         print(
-            f"\nmpizero.testing: rank {rank} of {size}: {report.nodeid} failed in {report.when}; "
-            f"aborting all ranks\n{report.longreprtext}{sections}",
+            f"\nmpizero.testing: rank {rank} of {size}: {report.nodeid} {what}; aborting all ranks\n"
+            f"{report.longreprtext}{sections}",
             file=sys.stderr,
             flush=True,
         )
