@@ -112,8 +112,8 @@ class MPISession:
 
 @pytest.hookimpl(trylast=True)  # after the terminal reporter exists, so rank > 0 can silence it
 def pytest_configure(config) -> None:
-    """Under ``--with-mpi`` on more than one rank: abort on any failure; only rank 0 prints the report."""
-    if not config.getoption("--with-mpi", default=False):
+    """Under ``--with-mpi`` or ``--only-mpi`` on several ranks: abort on any failure; rank 0 alone reports."""
+    if not (config.getoption("--with-mpi", default=False) or config.getoption("--only-mpi", default=False)):
         return
     from mpi4py import MPI
 

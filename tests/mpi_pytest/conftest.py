@@ -17,7 +17,7 @@ collect_ignore = [] if os.environ.get(DELIBERATE_FAILURES) == "1" else ["failing
 
 @pytest.hookimpl(tryfirst=True)  # the first skip mark gives the reason; pytest-mpi's would only name the flag
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("--with-mpi"):
+    if config.getoption("--with-mpi") or config.getoption("--only-mpi"):
         return
     here = Path(__file__).parent
     for item in items:
