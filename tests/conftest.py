@@ -2,3 +2,6 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# Under ``mpiexec ... python -m pytest --with-mpi``: a failure on one rank ends every rank; rank 0 reports.
+pytest_plugins = ["mpizero.testing"]
