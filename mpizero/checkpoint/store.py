@@ -47,6 +47,16 @@ def _write_synced(path: str, write) -> None:
         os.fsync(f.fileno())
 
 
+def _write_npy(f, flat: np.ndarray) -> None:
+    """Write ``flat`` as a .npy file through Python's file object, so a full disk raises ENOSPC.
+
+    ``np.save`` writes through ``ndarray.tofile``, whose short write raises an
+    OSError without an errno ("N requested and M written").
+    """
+    np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(flat))
+    f.write(memoryview(flat))
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -102,7 +112,10 @@ def _write_shards(engine, partial: str, pieces: list, rank: int) -> dict:
                 owned_array(group, state)[index : index + piece.stop - piece.start]
             )
         path = os.path.join(partial, file_name(rank, state))
-        _write_synced(path, lambda f, flat=flat: np.save(f, flat, allow_pickle=False))
+        try:
+            _write_synced(path, lambda f, flat=flat: _write_npy(f, flat))
+        except OSError as error:  # a failed write() names no file: add it
+            raise OSError(error.errno, error.strerror or str(error), path) from error
         files[file_name(rank, state)] = {
             "bytes": os.path.getsize(path),
             "sha256": sha256(path),

@@ -55,8 +55,10 @@ def check(manifest: dict) -> None:
     lengths = _files(manifest["files"], world_size, states)
     pieces = _list(manifest["pieces"], "pieces", world_size)
     for rank, rank_pieces in enumerate(pieces):
-        _tile_rank_file(rank_pieces, rank, numels, lengths[rank])
+        _check_pieces(rank_pieces, rank, numels)
     _tile_tensors(pieces, numels, manifest["tensors"])
+    for rank, rank_pieces in enumerate(pieces):
+        _tile_rank_file(rank_pieces, rank, lengths[rank])
     _training(manifest["training"])
 
 
@@ -96,24 +98,31 @@ def _files(files, world_size: int, states: list[str]) -> list[int]:
     return lengths
 
 
-def _tile_rank_file(rank_pieces, rank: int, numels: dict[str, int], length: int) -> None:
-    """Each piece lies inside its tensor; together they fill the rank file, in order, with no gap or overlap."""
-    end = 0
+def _check_pieces(rank_pieces, rank: int, numels: dict[str, int]) -> None:
+    """Each piece names a tensor and lies inside it."""
     for i, piece in enumerate(_list(rank_pieces, f"pieces[{rank}]")):
         field = f"pieces[{rank}][{i}]"
         _keys(piece, field, ("name", "start", "stop", "at"))
         if piece["name"] not in numels:
             raise Invalid(f"{field}.name", f"{piece['name']!r} is not in tensors")
-        start, at = _int(piece["start"], f"{field}.start"), _int(piece["at"], f"{field}.at")
+        start = _int(piece["start"], f"{field}.start")
         stop, numel = _int(piece["stop"], f"{field}.stop", low=start + 1), numels[piece["name"]]
         if stop > numel:
             raise Invalid(f"{field}.stop", f"{stop} is past the {numel} elements of {piece['name']!r}")
+        _int(piece["at"], f"{field}.at")
+
+
+def _tile_rank_file(rank_pieces: list, rank: int, length: int) -> None:
+    """A rank's pieces fill its files in order, with no gap or overlap, and end at the files' length."""
+    end = 0
+    for i, piece in enumerate(rank_pieces):
+        field, at = f"pieces[{rank}][{i}].at", piece["at"]
         if at != end:
             what = "leaves a gap after" if at > end else "overlaps"
-            raise Invalid(f"{field}.at", f"{at} {what} the previous piece, which ends at {end} in rank {rank}'s files")
-        end = at + stop - start
+            raise Invalid(field, f"{at} {what} the previous piece, which ends at {end} in rank {rank}'s files")
+        end = at + piece["stop"] - piece["start"]
         if end > length:
-            raise Invalid(f"{field}.at", f"piece ends at {end}, past the {length} elements of rank {rank}'s files")
+            raise Invalid(field, f"piece ends at {end}, past the {length} elements of rank {rank}'s files")
     if end != length:
         raise Invalid(f"pieces[{rank}]", f"cover {end} of the {length} elements of rank {rank}'s files")
 
