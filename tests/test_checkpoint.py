@@ -1,14 +1,22 @@
 """Sharded checkpoints: resume bit for bit, survive kill -9, reshard, consolidate, refuse bad ones."""
 
+import hashlib
 import json
 import os
+import secrets
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from mpirun import run_mpi, run_mpi_ok
+from mpirun import ROOT, run_mpi, run_mpi_ok
+
+from mpizero.checkpoint import manifest as manifest_format
+from mpizero.checkpoint import store
 
 TRAIN = [
     "-m",
@@ -30,6 +38,39 @@ TRAIN = [
 def train(n, stage, steps, *extra, ok=True, env=None):
     args = [*TRAIN, "--stage", str(stage), "--steps", str(steps), *map(str, extra)]
     return run_mpi_ok(n, args, env=env) if ok else run_mpi(n, args, env=env)
+
+
+TAG = "MPIZERO_TEST_RUN"
+
+
+def tagged() -> tuple[str, dict]:
+    """A fresh tag and the environment that marks every process of one launch with it."""
+    tag = secrets.token_hex(8)
+    return tag, {TAG: tag}
+
+
+def started_with(tag: str) -> list[str]:
+    """Command lines of live processes carrying ``tag`` in their environment: only the launch we made.
+
+    mpiexec passes its environment to the proxies and ranks, so this sees our
+    ranks even if a launcher starts its own session, and never another job's.
+    """
+    marker, found = f"{TAG}={tag}".encode(), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
+def survivors(tag: str, wait: float = 10.0) -> list[str]:
+    """Processes of the launch marked ``tag`` still alive after ``wait`` seconds (none may outlive a killed rank)."""
+    deadline = time.monotonic() + wait
+    while (alive := started_with(tag)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +100,20 @@ def test_resume_is_byte_identical_to_a_straight_run(tmp_path, straight, stage):
 
 def test_kill_9_during_a_save_loses_nothing(tmp_path, straight):
     directory, out = tmp_path / "ckpt", tmp_path / "resumed.npy"
+    tag, env = tagged()
     killed = train(
-        3, 2, 4, "--checkpoint-dir", directory, "--checkpoint-every", 2, ok=False, env={"MPIZERO_KILL_AT": "save:4:1"}
+        3,
+        2,
+        4,
+        "--checkpoint-dir",
+        directory,
+        "--checkpoint-every",
+        2,
+        ok=False,
+        env={**env, "MPIZERO_KILL_AT": "save:4:1"},
     )
     assert killed.returncode != 0
-    assert not survivors(), "ranks left running after one was killed"
+    assert not survivors(tag), "ranks left running after one was killed"
     assert any(".partial-" in name for name in os.listdir(directory))  # the torn save is still there
     log = train(
         3, 2, 4, "--resume", directory, "--checkpoint-dir", directory, "--checkpoint-every", 2, "--save-params", out
@@ -73,20 +123,56 @@ def test_kill_9_during_a_save_loses_nothing(tmp_path, straight):
     assert sorted(os.listdir(directory)) == ["ckpt-00000002", "ckpt-00000004"]  # stale partial cleaned
 
 
-def survivors() -> list[str]:
-    """Processes of a train run still alive (none may outlive a killed rank)."""
-    found = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
-    return [line for line in found if "mpizero train" in line and "ps -eo" not in line]
+def kill_9_mid_step(directory) -> None:
+    """Kill rank 2 of 3 at step 3; assert the job failed and none of its processes outlived it."""
+    tag, env = tagged()
+    killed = train(
+        3,
+        3,
+        4,
+        "--checkpoint-dir",
+        directory,
+        "--checkpoint-every",
+        2,
+        ok=False,
+        env={**env, "MPIZERO_KILL_AT": "step:3:2"},
+    )
+    assert killed.returncode != 0
+    assert not survivors(tag), "ranks left running after one was killed"
+
+
+def test_the_survivor_check_sees_our_ranks_and_nothing_else():
+    tag, env = tagged()
+    printed = run_mpi_ok(2, ["-c", f"import os; print(os.environ.get({TAG!r}))"], env=env)
+    assert printed.split() == [tag, tag]  # mpiexec hands the tag to every rank
+    ours = subprocess.Popen(["sleep", "30"], env={**os.environ, **env})
+    other = subprocess.Popen(["sleep", "31"])
+    try:
+        assert started_with(tag) == ["sleep 30 "]
+    finally:
+        for proc in (ours, other):
+            proc.kill()
+            proc.wait()
 
 
 def test_kill_9_mid_step_ends_the_job_and_training_resumes(tmp_path, straight):
     directory, out = tmp_path / "ckpt", tmp_path / "resumed.npy"
-    killed = train(
-        3, 3, 4, "--checkpoint-dir", directory, "--checkpoint-every", 2, ok=False, env={"MPIZERO_KILL_AT": "step:3:2"}
-    )
-    assert killed.returncode != 0 and not survivors()
+    kill_9_mid_step(directory)
     train(2, 3, 4, "--resume", directory, "--save-params", out)
     assert out.read_bytes() == straight
+
+
+def test_kill_9_check_ignores_an_unrelated_train_job(tmp_path):
+    """Another ``mpizero train`` on the machine (its own session) is neither counted nor touched."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "mpizero", *TRAIN[2:], "--steps", "1000000"]
+    other = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+    try:
+        kill_9_mid_step(tmp_path / "ckpt")
+        assert other.poll() is None, "the unrelated job should still be running beside the check"
+    finally:
+        os.killpg(other.pid, signal.SIGKILL)
+        other.wait()
 
 
 @pytest.mark.parametrize("n, stage", [(2, 3), (3, 2), (1, 0)])
@@ -122,6 +208,42 @@ def copy_of(saved, tmp_path) -> Path:
     return target
 
 
+def tree_digest(path: Path) -> str:
+    """One sha256 over every file name and byte under ``path``."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*")):
+        digest.update(str(file.relative_to(path)).encode() + b"\0")
+        if file.is_file():
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def refused(tmp_path, path: Path, command, expected: str):
+    """Run ``command``; assert exit 2, ``expected`` in the one error line, and no byte changed or added."""
+    before, listing = tree_digest(path), sorted(os.listdir(tmp_path))
+    done = command()
+    assert done.returncode == 2, done.stdout + done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("mpizero: error:")]
+    assert len(errors) == 1 and expected in errors[0], done.stderr
+    assert tree_digest(path) == before  # nothing overwritten
+    assert sorted(os.listdir(tmp_path)) == listing  # nothing new written
+    return errors[0]
+
+
+def resume_from(path: Path, tmp_path, *extra, n=2):
+    return lambda: train(
+        n, 2, 6, "--resume", path, "--checkpoint-dir", tmp_path, "--checkpoint-every", 1, *extra, ok=False
+    )
+
+
+def consolidate_from(path: Path, tmp_path):
+    args = ["-m", "mpizero", "consolidate", str(path), str(tmp_path / "full.npz"), "--optimizer"]
+    return lambda: run_mpi(2, args)
+
+
+# Damage to the rank files: each names the file (and the manifest field it contradicts).
+
+
 def truncate(path: Path) -> str:
     data = (path / "rank00001-master.npy").read_bytes()
     (path / "rank00001-master.npy").write_bytes(data[:-8])
@@ -132,7 +254,7 @@ def flip_a_byte(path: Path) -> str:
     data = bytearray((path / "rank00002-exp_avg.npy").read_bytes())
     data[-1] ^= 1
     (path / "rank00002-exp_avg.npy").write_bytes(bytes(data))
-    return "rank00002-exp_avg.npy: checksum mismatch"
+    return "rank00002-exp_avg.npy: checksum mismatch with manifest field files['rank00002-exp_avg.npy'].sha256"
 
 
 def delete_a_file(path: Path) -> str:
@@ -140,37 +262,215 @@ def delete_a_file(path: Path) -> str:
     return "rank00003-exp_avg_sq.npy: missing"
 
 
-def manifest_from_another_model(path: Path) -> str:
-    manifest = json.loads((path / "manifest.json").read_text())
-    manifest["tensors"][0]["shape"] = [64, 99]
-    (path / "manifest.json").write_text(json.dumps(manifest))
-    return "saved from another model (l0.w: checkpoint [64, 99] vs model [64, 48])"
-
-
 def needs_pickle(path: Path) -> str:
-    import hashlib
-
     name = "rank00000-master.npy"
     np.save(path / name, np.array([{"evil": 1}], dtype=object), allow_pickle=True)
-    manifest = json.loads((path / "manifest.json").read_text())
-    manifest["files"][name]["bytes"] = (path / name).stat().st_size
-    manifest["files"][name]["sha256"] = hashlib.sha256((path / name).read_bytes()).hexdigest()
-    (path / "manifest.json").write_text(json.dumps(manifest))
+    edit(path, lambda m: m["files"][name].update(bytes=(path / name).stat().st_size, sha256=file_sha(path / name)))
     return "would need pickle to load; refusing"
 
 
-@pytest.mark.parametrize("damage", [truncate, flip_a_byte, delete_a_file, manifest_from_another_model, needs_pickle])
-def test_bad_checkpoints_fail_on_every_rank_naming_file_and_problem(tmp_path, saved, damage):
+def file_sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("damage", [truncate, flip_a_byte, delete_a_file, needs_pickle])
+def test_damaged_rank_files_fail_on_every_rank_naming_file_and_problem(tmp_path, saved, damage):
     path = copy_of(saved, tmp_path)
     expected = damage(path)
-    before = {p.name: p.read_bytes() for p in path.iterdir()}
-    done = train(3, 2, 6, "--resume", path, "--checkpoint-dir", tmp_path, "--checkpoint-every", 1, ok=False)
-    assert done.returncode == 2, done.stderr  # every rank raised the same error and exited cleanly
-    assert "cannot load checkpoint" in done.stderr and expected in done.stderr, done.stderr
-    assert {p.name: p.read_bytes() for p in path.iterdir()} == before  # nothing overwritten
-    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000004"]  # nothing new written
+    line = refused(tmp_path, path, resume_from(path, tmp_path, n=3), expected)
+    assert "cannot load checkpoint" in line
 
 
-def test_resume_refuses_different_data_settings(saved):
-    done = train(2, 1, 6, "--global-batch", 12, "--resume", saved, ok=False)  # the last --global-batch wins
-    assert done.returncode == 2 and "--global-batch 24 (this run: 12)" in done.stderr, done.stderr
+# Damage to the manifest. ``edit`` changes it as a careless hand would; ``sealed`` also recomputes
+# its checksum, as a buggy writer would, so the structure checks behind the checksum are exercised.
+
+
+def edit(path: Path, change, seal: bool = True) -> None:
+    manifest = json.loads((path / "manifest.json").read_text())
+    change(manifest)
+    if seal:
+        manifest["checksum"] = manifest_format.checksum(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def busiest(m) -> int:
+    """The rank with the most pieces (at least two)."""
+    return max(range(len(m["pieces"])), key=lambda r: len(m["pieces"][r]))
+
+
+def split_piece(m) -> tuple[int, int]:
+    """A piece that is not a tensor's first: (rank, index)."""
+    return next((r, i) for r, ps in enumerate(m["pieces"]) for i, p in enumerate(ps) if p["start"] > 0)
+
+
+def last_piece_of_a_tensor(m) -> tuple[int, int]:
+    numel = {t["name"]: int(np.prod(t["shape"])) for t in m["tensors"]}
+    return next((r, i) for r, ps in enumerate(m["pieces"]) for i, p in enumerate(ps) if p["stop"] == numel[p["name"]])
+
+
+def first_piece_past(m, name: str, numel: int) -> tuple[int, int]:
+    return next(
+        (r, i) for r, ps in enumerate(m["pieces"]) for i, p in enumerate(ps) if p["name"] == name and p["stop"] > numel
+    )
+
+
+def shift_at(m):
+    m["pieces"][busiest(m)][1]["at"] += 1
+
+
+def swap_at(m):
+    first, second = m["pieces"][busiest(m)][:2]
+    first["at"], second["at"] = second["at"], first["at"]
+
+
+def edit_step(m):
+    m["training"]["step"] = 2
+
+
+def widen_a_tensor(m):
+    m["tensors"][0]["shape"] = [64, 99]
+
+
+def narrow_a_tensor(m):
+    m["tensors"][0]["shape"] = [64, 1]
+
+
+def gap(m):
+    r, i = split_piece(m)
+    m["pieces"][r][i]["start"] += 1
+
+
+def overlap(m):
+    r, i = split_piece(m)
+    m["pieces"][r][i]["start"] -= 1
+
+
+def out_of_bounds(m):
+    r, i = last_piece_of_a_tensor(m)
+    m["pieces"][r][i]["stop"] += 1
+
+
+def past_the_rank_file(m):
+    for state in m["states"]:
+        m["files"][f"rank00001-{state}.npy"]["shape"][0] -= 1
+
+
+def negative_step(m):
+    m["training"]["step"] = -1
+
+
+def step_as_text(m):
+    m["training"]["step"] = "4"
+
+
+def bad_checksum(m):
+    m["checksum"] = "0" * 64
+
+
+def field_of(m, name):
+    """The field a sealed damage names, found from the manifest before the damage."""
+    fields = {
+        shift_at: lambda: f"field pieces[{busiest(m)}][1].at: ",
+        swap_at: lambda: f"field pieces[{busiest(m)}][0].at: ",
+        widen_a_tensor: lambda: "field tensors[0].shape: [64, 99] holds 6336 elements",
+        narrow_a_tensor: lambda: "field pieces[{}][{}].stop: ".format(*first_piece_past(m, "l0.w", 64)),
+        gap: lambda: "field pieces: elements [",
+        overlap: lambda: "field pieces[{}][{}].start: ".format(*split_piece(m)),
+        out_of_bounds: lambda: "field pieces[{}][{}].stop: ".format(*last_piece_of_a_tensor(m)),
+        past_the_rank_file: lambda: f"field pieces[1][{len(m['pieces'][1]) - 1}].at: piece ends at",
+        negative_step: lambda: "field training.step: must be an integer >= 0, got -1",
+        step_as_text: lambda: "field training.step: must be an integer >= 0, got '4'",
+    }
+    return fields[name]()
+
+
+UNSEALED = [shift_at, swap_at, edit_step, widen_a_tensor]
+SEALED = [shift_at, swap_at, widen_a_tensor, narrow_a_tensor, gap, overlap, out_of_bounds, past_the_rank_file]
+
+
+def damage_manifest(path: Path, change, seal: bool) -> str:
+    """Apply ``change``; return the text the refusal must contain (file and field)."""
+    original = json.loads((path / "manifest.json").read_text())
+    edit(path, change, seal=seal)
+    if not seal or change is bad_checksum:
+        return "manifest.json: field checksum: "
+    return "manifest.json: " + field_of(original, change)
+
+
+@pytest.mark.parametrize("seal, change", [(False, c) for c in [*UNSEALED, bad_checksum]] + [(True, c) for c in SEALED])
+def test_manifest_damage_is_refused_on_resume(tmp_path, saved, seal, change):
+    path = copy_of(saved, tmp_path)
+    expected = damage_manifest(path, change, seal)
+    refused(tmp_path, path, resume_from(path, tmp_path), expected)
+
+
+@pytest.mark.parametrize(
+    "seal, change", [(False, c) for c in [shift_at, swap_at, widen_a_tensor]] + [(True, c) for c in SEALED]
+)
+def test_manifest_damage_is_refused_by_consolidate(tmp_path, saved, seal, change):
+    path = copy_of(saved, tmp_path)
+    expected = damage_manifest(path, change, seal)
+    refused(tmp_path, path, consolidate_from(path, tmp_path), expected)
+
+
+@pytest.mark.parametrize("change", [negative_step, step_as_text])
+def test_training_state_fields_are_validated(tmp_path, saved, change):
+    path = copy_of(saved, tmp_path)
+    refused(tmp_path, path, resume_from(path, tmp_path), damage_manifest(path, change, seal=True))
+
+
+def test_a_step_that_disagrees_with_the_counters_is_refused(tmp_path, saved):
+    path = copy_of(saved, tmp_path)
+    edit(path, edit_step)
+    refused(tmp_path, path, resume_from(path, tmp_path), "manifest.json: field training.step: 2, but optimizer_steps 4")
+
+
+def test_another_optimizer_is_refused(tmp_path, saved):
+    path = copy_of(saved, tmp_path)
+    expected = "manifest.json: field optimizer.type: checkpoint AdamW, this run Adam"
+    refused(tmp_path, path, resume_from(path, tmp_path, "--optimizer", "adam"), expected)
+
+
+def test_another_learning_rate_is_refused_unless_overridden(tmp_path, saved):
+    path = copy_of(saved, tmp_path)
+    expected = "manifest.json: field optimizer.hyper.lr: checkpoint 0.003, this run 0.001"
+    refused(tmp_path, path, resume_from(path, tmp_path, "--lr", 0.001), expected)
+    refused(tmp_path, path, resume_from(path, tmp_path, "--resume-override", "momentum"), "--resume-override names")
+    log = train(2, 2, 5, "--resume", path, "--lr", 0.001, "--resume-override", "lr")
+    assert "after step 4" in log
+
+
+def test_resume_refuses_different_data_settings(tmp_path, saved):
+    path = copy_of(saved, tmp_path)
+    expected = "manifest.json: field training.data.global_batch: checkpoint 24, this run --global-batch 12"
+    refused(tmp_path, path, resume_from(path, tmp_path, "--global-batch", 12), expected)  # the last flag wins
+
+
+def test_keep_below_one_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="keep must be >= 1 .*, got 0"):
+        store.save(None, str(tmp_path), {"step": 1}, keep=0)
+    done = train(2, 2, 2, "--checkpoint-dir", tmp_path / "ckpt", "--checkpoint-every", 1, "--keep", 0, ok=False)
+    assert done.returncode == 2 and "--keep must be >= 1" in done.stderr, done.stderr
+    assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 16 KiB tmpfs: a real full disk (ENOSPC) for a save of about 70 KiB."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_names_the_os_error_and_leaves_nothing(tiny_disk):
+    done = train(2, 2, 2, "--checkpoint-dir", tiny_disk, "--checkpoint-every", 2, ok=False)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("mpizero: error:")]
+    assert len(errors) == 1 and "checkpoint save" in errors[0], done.stderr
+    assert "ENOSPC (No space left on device)" in errors[0] and ".npy" in errors[0], errors[0]
+    assert os.listdir(tiny_disk) == []  # the partial save was removed

@@ -3,7 +3,9 @@
 Like DeepSpeed's ``zero_to_fp32``: padding stripped, any world size and stage;
 ``DIR`` is a checkpoint or a directory of them (the newest complete one is
 used). ``--optimizer`` adds each tensor's optimizer state as ``NAME/STATE``.
-The output loads with ``numpy.load(OUT, allow_pickle=False)``.
+The output loads with ``numpy.load(OUT, allow_pickle=False)``. Rank 0 does the
+work; a bad checkpoint (checksum, structure, files) exits 2 on every rank and
+writes nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import argparse
 import sys
 
 from mpizero.checkpoint import store as checkpoint
+from mpizero.comm import agree
+from mpizero.comm.collectives import Collectives
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,11 +25,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args, comm) -> int:
-    if comm.Get_rank() != 0:
-        return 0
+    problem = None
+    if comm.Get_rank() == 0:
+        try:
+            _consolidate(args)
+        except checkpoint.CheckpointError as error:
+            problem = str(error)
+        except OSError as error:
+            problem = f"cannot write {checkpoint.describe(error)}"
+    agree.raise_if_any(Collectives(comm), problem, "cannot consolidate")
+    return 0
+
+
+def _consolidate(args) -> None:
     path, torn = checkpoint.resolve(args.checkpoint)
     for message in torn:
         print(message, file=sys.stderr)
     names = checkpoint.consolidate(path, args.output, include_optimizer=args.optimizer)
     print(f"wrote {len(names)} arrays from {path} to {args.output}")
-    return 0

@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from mpizero.checkpoint import store as checkpoint
+from mpizero.checkpoint.flags import keep_count
 from mpizero.comm.agree import ZeroError
 from mpizero.core import faults, formulas
 from mpizero.core.arrays import DEVICES, device_module, to_device
@@ -57,8 +58,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-json", default=None, help="write rank 0's memory report (JSON)")
     parser.add_argument("--checkpoint-dir", default=None, help="save sharded checkpoints here")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: never)")
-    parser.add_argument("--keep", type=int, default=2, help="complete checkpoints to keep")
+    parser.add_argument("--keep", type=keep_count, default=2, help="complete checkpoints to keep (>= 1)")
     parser.add_argument("--resume", default=None, help="a checkpoint, or a directory of them (newest complete)")
+    parser.add_argument(
+        "--resume-override",
+        action="append",
+        default=[],
+        metavar="HYPER",
+        help="on --resume, take this optimizer hyper-parameter (lr, ...) from the command line, not the checkpoint",
+    )
 
 
 def build(args, corpus_vocab: int | None = None):
@@ -157,16 +165,20 @@ def training_state(args, step: int, engine, trainer) -> dict:
     """Everything besides the shards that the next step needs: counters, loss scale, data settings."""
     scaler = trainer.scaler
     return {
-        "step": step,
-        "optimizer_steps": engine.step_count,
-        "skipped_steps": engine.skipped_steps,
-        "loss_scale": None if scaler is None else [scaler.scale, scaler.good_steps],
+        "step": int(step),
+        "optimizer_steps": int(engine.step_count),
+        "skipped_steps": int(engine.skipped_steps),
+        "loss_scale": None if scaler is None else [float(scaler.scale), int(scaler.good_steps)],
         "data": {name: getattr(args, name) for name in DATA_SETTINGS},
     }
 
 
 def resume(args, engine, trainer) -> int:
-    """Load the checkpoint ``--resume`` names into the engine and trainer; return the step it ended."""
+    """Load the checkpoint ``--resume`` names into the engine and trainer; return the step it ended.
+
+    The checkpoint's optimizer type and hyper-parameters must equal this run's
+    (``--resume-override NAME`` lets NAME differ), and its data settings too.
+    """
     comm = engine.comm
     found = None
     if comm.Get_rank() == 0:
@@ -181,15 +193,19 @@ def resume(args, engine, trainer) -> int:
     if comm.Get_rank() == 0:
         for message in torn:
             print(message, flush=True)
-    state = checkpoint.load(engine, path)
-    saved = state["data"]
-    differ = [
-        f"--{k.replace('_', '-')} {saved[k]} (this run: {getattr(args, k)})"
-        for k in DATA_SETTINGS
-        if saved.get(k) != getattr(args, k)
-    ]
-    if differ:
-        raise checkpoint.CheckpointError(f"{path}: saved with different data settings: " + ", ".join(differ))
+    state = checkpoint.load(engine, path, overrides=args.resume_override)
+    where = os.path.join(path, checkpoint.MANIFEST)
+    for k in DATA_SETTINGS:
+        if state["data"].get(k) != getattr(args, k):
+            raise checkpoint.CheckpointError(
+                f"{where}: field training.data.{k}: checkpoint {state['data'].get(k)!r}, "
+                f"this run --{k.replace('_', '-')} {getattr(args, k)!r} (data settings must match)"
+            )
+    if state["optimizer_steps"] + state["skipped_steps"] != state["step"]:
+        raise checkpoint.CheckpointError(
+            f"{where}: field training.step: {state['step']}, but optimizer_steps {state['optimizer_steps']} "
+            f"+ skipped_steps {state['skipped_steps']} = {state['optimizer_steps'] + state['skipped_steps']}"
+        )
     engine.step_count, engine.skipped_steps = state["optimizer_steps"], state["skipped_steps"]
     if trainer.scaler is not None and state["loss_scale"] is not None:
         trainer.scaler.scale, trainer.scaler.good_steps = state["loss_scale"]
