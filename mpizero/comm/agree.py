@@ -15,9 +15,17 @@ from mpizero.core.errors import ZeroError
 def raise_if_any(collectives, problem: str | None, context: str) -> None:
     """Collectively check ``problem`` (None when fine); raise on every rank if any rank has one."""
     problems = collectives.allgather_object(problem, context)
-    bad = [f"rank {rank}: {text}" for rank, text in enumerate(problems) if text]
-    if bad:
-        raise ZeroError(f"{context}: " + "; ".join(bad))
+    ranks_by_text: dict[str, list[int]] = {}
+    for rank, text in enumerate(problems):
+        if text:
+            ranks_by_text.setdefault(text, []).append(rank)
+    if ranks_by_text:
+        raise ZeroError(f"{context}: " + "; ".join(f"{_ranks(r)}: {text}" for text, r in ranks_by_text.items()))
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``rank 3`` for one rank, ``ranks [0, 1]`` for several: the same problem is named once."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
 
 
 def raise_unless_equal(collectives, fields: dict[str, Hashable]) -> None:
