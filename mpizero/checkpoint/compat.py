@@ -24,8 +24,7 @@ def optimizer_record(optimizer) -> dict:
 
 def tensor_list(engine) -> list[dict]:
     """Every tensor's name and shape, in the model's order."""
-    shapes = {s.name: list(s.shape) for g in engine.groups for s in g.layout.specs}
-    return [{"name": name, "shape": shapes[name]} for name in engine.names]
+    return [{"name": name, "shape": list(shape)} for name, shape in engine.tensor_shapes().items()]
 
 
 def state_names(engine) -> list[str]:

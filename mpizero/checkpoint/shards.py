@@ -27,20 +27,13 @@ class Piece:
     at: int
 
 
-def rank_pieces(engine) -> list[tuple[Piece, object, int]]:
-    """This rank's shard, tensor by tensor: ``(piece, group, index into the group's owned arrays)``."""
+def rank_pieces(engine) -> list[tuple[Piece, dict]]:
+    """This rank's shard, tensor by tensor: ``(piece, its arrays by state name)``."""
     pieces, at = [], 0
-    for group in engine.groups:
-        owned_start = group.owned_range[0]
-        for _, spec, lo, hi in group.layout.overlaps(*group.partition.shard_range(group.rank)):
-            pieces.append((Piece(spec.name, lo - spec.offset, hi - spec.offset, at), group, lo - owned_start))
-            at += hi - lo
+    for piece in engine.shard_pieces():
+        pieces.append((Piece(piece.spec.name, piece.start, piece.stop, at), piece.arrays))
+        at += piece.stop - piece.start
     return pieces
-
-
-def owned_array(group, state: str):
-    """The group's owned buffer of ``state``: the master shard, or one optimizer state shard."""
-    return group.master_shard if state == "master" else group.optimizer_state[state]
 
 
 def sha256(path: str) -> str:

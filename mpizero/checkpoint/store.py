@@ -31,7 +31,7 @@ import numpy as np
 
 from mpizero.checkpoint import compat, manifest
 from mpizero.checkpoint.manifest import MANIFEST, CheckpointError
-from mpizero.checkpoint.shards import PieceReader, owned_array, rank_pieces, sha256
+from mpizero.checkpoint.shards import PieceReader, rank_pieces, sha256
 from mpizero.checkpoint.structure import file_name
 from mpizero.comm import agree
 from mpizero.core import faults
@@ -85,7 +85,7 @@ def save(engine, directory: str, training_state: dict, keep: int | None = None) 
     problem = _attempt(lambda: files.update(_write_shards(engine, partial, pieces, rank)))
     faults.maybe_kill("save", step, rank)
     _agree(collectives, problem, partial)
-    everyone = collectives.gather_object(([p.__dict__ for p, _, _ in pieces], files), "the checkpoint pieces")
+    everyone = collectives.gather_object(([p.__dict__ for p, _ in pieces], files), "the checkpoint pieces")
     if rank == 0:
         record = {
             "world_size": engine.comm.Get_size(),
@@ -106,11 +106,9 @@ def _write_shards(engine, partial: str, pieces: list, rank: int) -> dict:
     """Write this rank's file of each state into ``partial``; return each file's manifest entry."""
     files = {}
     for state in compat.state_names(engine):
-        flat = np.empty(sum(p.stop - p.start for p, _, _ in pieces), dtype=np.float32)
-        for piece, group, index in pieces:
-            flat[piece.at : piece.at + piece.stop - piece.start] = to_host(
-                owned_array(group, state)[index : index + piece.stop - piece.start]
-            )
+        flat = np.empty(sum(p.stop - p.start for p, _ in pieces), dtype=np.float32)
+        for piece, arrays in pieces:
+            flat[piece.at : piece.at + piece.stop - piece.start] = to_host(arrays[state])
         path = os.path.join(partial, file_name(rank, state))
         try:
             _write_synced(path, lambda f, flat=flat: _write_npy(f, flat))
@@ -212,20 +210,17 @@ def load(engine, path: str, overrides: Collection[str] = ()) -> dict:
         saved = manifest.read(path)
         compat.check(engine, saved, os.path.join(path, MANIFEST), overrides)
         reader = PieceReader(path, saved)
-        for group in engine.groups:
-            owned_start = group.owned_range[0]
-            for _, spec, lo, hi in group.layout.overlaps(*group.owned_range):
-                for state in saved["states"]:
-                    host = np.empty(hi - lo, dtype=np.float32)
-                    reader.read(state, spec.name, lo - spec.offset, hi - spec.offset, host)
-                    owned_array(group, state)[lo - owned_start : hi - owned_start] = host
+        for piece in engine.owned_pieces():
+            for state in saved["states"]:
+                host = np.empty(piece.stop - piece.start, dtype=np.float32)
+                reader.read(state, piece.spec.name, piece.start, piece.stop, host)
+                piece.arrays[state][...] = host
     except CheckpointError as error:
         problem = str(error)
     except OSError as error:
         problem = f"{path}: {error}"
     agree.raise_if_any(engine.collectives, problem, "cannot load checkpoint")
-    for group in engine.groups:
-        group.publish(engine.collectives)
+    engine.publish()
     return saved["training"]
 
 

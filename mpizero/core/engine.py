@@ -25,7 +25,7 @@ from mpizero.core import norm
 from mpizero.core.arrays import array_module, is_device_array, to_host
 from mpizero.core.config import ZeroConfig
 from mpizero.core.exact import max_abs
-from mpizero.core.group import FlatGroup, ParamState
+from mpizero.core.group import FlatGroup, ParamState, StatePiece
 from mpizero.core.layout import FlatLayout
 from mpizero.core.memory import KINDS, MemoryLog, peak_rss_bytes
 from mpizero.core.partition import Partition
@@ -274,6 +274,26 @@ class ZeroEngine:
                         f"expected {GRAD_DTYPE}{list(spec.shape)}"
                     )
         return None
+
+    # Training state by tensor piece (checkpoints) -------------------------
+
+    def shard_pieces(self) -> list[StatePiece]:
+        """This rank's shard of the training state, padding stripped: each element is in exactly one rank's pieces."""
+        return [piece for g in self.groups for piece in g.state_pieces(*g.plan.shard_range)]
+
+    def owned_pieces(self) -> list[StatePiece]:
+        """All training state this rank updates (everything at stage 0): what a load must fill."""
+        return [piece for g in self.groups for piece in g.state_pieces(*g.plan.owned_range)]
+
+    def publish(self) -> None:
+        """Make the parameters every rank computes with equal to the master again (after the state was set)."""
+        for group in self.groups:
+            group.publish(self.collectives)
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every parameter's shape by name, in the model's order."""
+        shapes = {s.name: s.shape for g in self.groups for s in g.layout.specs}
+        return {name: shapes[name] for name in self.names}
 
     # Reports --------------------------------------------------------------
 

@@ -21,10 +21,11 @@ Glossary (these names and no others):
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 import numpy as np
 
-from mpizero.core.layout import FlatLayout
+from mpizero.core.layout import FlatLayout, TensorSpec
 from mpizero.core.stages import GradientCollective, Publish, ShardPlan
 
 
@@ -34,6 +35,16 @@ class ParamState(enum.Enum):
     SHARDED = "sharded"
     GATHERING = "gathering"
     UNSHARDED = "unsharded"
+
+
+@dataclass(frozen=True)
+class StatePiece:
+    """Elements ``[start, stop)`` of one tensor (flat, unpadded) and this rank's buffers of them, by state name."""
+
+    spec: TensorSpec
+    start: int
+    stop: int
+    arrays: dict
 
 
 class FlatGroup:
@@ -69,6 +80,20 @@ class FlatGroup:
         """Return ``(tensor index, start, stop)`` of each tensor's piece of the owned range (owned-relative)."""
         start, stop = self.owned_range
         return [(index, lo - start, hi - start) for index, _, lo, hi in self.layout.overlaps(start, stop)]
+
+    def state_pieces(self, start: int, stop: int) -> list[StatePiece]:
+        """The fp32 master and optimizer state of flat range ``[start, stop)`` (within the owned range), by tensor."""
+        owned_start = self.plan.owned_range[0]
+        states = {"master": self.master_shard, **self.optimizer_state}
+        return [
+            StatePiece(
+                spec,
+                lo - spec.offset,
+                hi - spec.offset,
+                {k: a[lo - owned_start : hi - owned_start] for k, a in states.items()},
+            )
+            for _, spec, lo, hi in self.layout.overlaps(start, stop)
+        ]
 
     def init_optimizer(self, state_names) -> None:
         self.optimizer_state = {n: self.xp.zeros_like(self.master_shard) for n in state_names}
