@@ -94,3 +94,30 @@ def test_mutation_is_caught_by_verify(tmp_path, name):
     done = verify_copy(tmp_path, n, args, (file, old, new))
     assert done.returncode == 1, f"{name}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
     assert "MISMATCH at step" in done.stdout or "optimizer semantics OUTSIDE" in done.stdout, done.stdout
+
+
+SKIPPING_VERIFY = """
+import functools, sys
+from mpizero.cli import verify
+from mpizero.cli.main import main
+from mpizero.core.precision import LossScaler
+
+verify.Trainer = functools.partial(verify.Trainer, initial_loss_scale=2.0**24)
+verify.LossScaler = functools.partial(LossScaler, 2.0**24)
+taken = verify.RecordingReference.step
+def counted(self, contributions):
+    done = taken(self, contributions)
+    print("SKIPPED" if not done else "TAKEN", flush=True)
+    return done
+verify.RecordingReference.step = counted
+sys.exit(main(["verify", "--precision", "fp16", "--stage", "2", "--steps", "12"]))
+"""
+
+
+def test_fp16_skipped_steps_are_skipped_by_the_documented_optimizer_too(tmp_path):
+    script = tmp_path / "skipping.py"
+    script.write_text(SKIPPING_VERIFY)
+    done = run_mpi(2, [str(script)], TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SKIPPED" in done.stdout and "TAKEN" in done.stdout, done.stdout
+    assert ": bitwise; optimizer semantics within" in done.stdout

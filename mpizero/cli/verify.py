@@ -107,22 +107,8 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
     model = build_model(args.model)
     micro_batches = MICRO_BATCHES_PER_RANK * size if args.micro_batches is None else args.micro_batches
     xp = device_module(args.device)
-    params = to_device(model.init(args.seed), xp)
-    optimizer = make_optimizer(args.optimizer)
     precision = PRECISIONS[args.precision]
-    numerics = dict(
-        param_dtype=precision.param_dtype.name,
-        watchdog=args.watchdog or None,
-        clip_norm=args.clip_norm or None,
-        on_nonfinite="skip" if precision.loss_scaling else "raise",
-    )
-    groups = make_groups(model, sharding(stage).params, args.bucket_elems)
-    engine = ZeroEngine(params, optimizer, comm=comm, groups=groups, stage=stage, reduction=args.reduction, **numerics)
-    trainer = Trainer(model, engine, precision)
-    reference = RecordingReference(params, optimizer, args.reduction, **{k: numerics[k] for k in REFERENCE_SETTINGS})
-    documented = DocumentedOptimizer(
-        args.optimizer, {n: to_host(p) for n, p in params.items()}, asdict(optimizer), numerics["clip_norm"]
-    )
+    engine, trainer, reference, documented = build_runs(stage, args, comm, model, precision)
     scaler = LossScaler() if precision.loss_scaling else None
     worst, first_mismatch, semantics = 0.0, None, SemanticsRecord.for_steps(args.steps)
     for step in range(1, args.steps + 1):
@@ -145,17 +131,41 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
         f"stage {stage}  ranks {size}  steps {args.steps}  model {args.model}  optimizer {args.optimizer}  "
         f"{args.precision}  reduction {args.reduction}  {accounting(engine)}:"
     )
+    reference_line, reference_ok = reference_verdict(engine, worst, first_mismatch)
     semantics_line, semantics_ok = semantics.verdict(engine.collectives, documented.name)
+    return f"{head} {reference_line}; {semantics_line}", reference_ok and semantics_ok
+
+
+def build_runs(stage: int, args, comm, model, precision):
+    """The engine and its trainer, the single-rank reference, and torch.optim's documented optimizer."""
+    params = to_device(model.init(args.seed), device_module(args.device))
+    optimizer = make_optimizer(args.optimizer)
+    numerics = dict(
+        param_dtype=precision.param_dtype.name,
+        watchdog=args.watchdog or None,
+        clip_norm=args.clip_norm or None,
+        on_nonfinite="skip" if precision.loss_scaling else "raise",
+    )
+    groups = make_groups(model, sharding(stage).params, args.bucket_elems)
+    engine = ZeroEngine(params, optimizer, comm=comm, groups=groups, stage=stage, reduction=args.reduction, **numerics)
+    reference = RecordingReference(params, optimizer, args.reduction, **{k: numerics[k] for k in REFERENCE_SETTINGS})
+    host_params = {n: to_host(p) for n, p in params.items()}
+    documented = DocumentedOptimizer(args.optimizer, host_params, asdict(optimizer), numerics["clip_norm"])
+    return engine, Trainer(model, engine, precision), reference, documented
+
+
+def reference_verdict(engine, worst: float, first_mismatch: Mismatch | None) -> tuple[str, bool]:
+    """Agree on the comparison with the reference: bitwise or the first mismatch (exact), or the tolerance (native)."""
     if not engine.reduction.bitwise:
         worst = engine.collectives.allreduce_value(worst, MPI.MAX, "the largest difference")
         ok = worst <= NATIVE_TOLERANCE
         verdict = "within" if ok else "OUTSIDE"
         detail = f"max relative difference {worst:.2e}, tolerance {NATIVE_TOLERANCE:.0e}; not bitwise"
-        return f"{head} {verdict} tolerance ({detail}); {semantics_line}", ok and semantics_ok
+        return f"{verdict} tolerance ({detail})", ok
     reports = [m for m in engine.collectives.allgather_object(first_mismatch, "mismatches") if m is not None]
     if reports:
-        return f"{head} {min(reports, key=lambda m: (m.step, m.rank))}; {semantics_line}", False
-    return f"{head} bitwise; {semantics_line}", semantics_ok
+        return str(min(reports, key=lambda m: (m.step, m.rank))), False
+    return "bitwise", True
 
 
 class RecordingReference(Reference):
