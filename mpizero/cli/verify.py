@@ -171,7 +171,7 @@ def reference_verdict(engine, worst: float, first_mismatch: Mismatch | None) -> 
 class RecordingReference(Reference):
     """The reference, keeping each step's averaged gradients (before clipping) in float64."""
 
-    averaged: dict = {}
+    averaged: dict[str, np.ndarray]  # set by every step that is taken
 
     def average(self, contributions):
         result = super().average(contributions)
