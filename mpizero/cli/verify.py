@@ -6,7 +6,7 @@ Run: ``mpiexec -n 4 python -m mpizero verify`` (any -n, including 1).
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 from mpi4py import MPI
@@ -18,6 +18,7 @@ from mpizero.core.optim import OPTIMIZERS
 from mpizero.core.precision import PRECISIONS, LossScaler
 from mpizero.core.reference import Reference
 from mpizero.core.stages import STAGES, sharding
+from mpizero.core.torch_semantics import DocumentedOptimizer
 from mpizero.training.mlp import MLP, regression_batch
 from mpizero.training.trainer import Trainer, make_groups, reference_step
 from mpizero.training.transformer import Transformer
@@ -26,6 +27,9 @@ WIDTHS = (13, 31, 29, 5)
 VOCAB = 11
 REFERENCE_SETTINGS = ("param_dtype", "clip_norm", "on_nonfinite")
 NATIVE_TOLERANCE = 1e-4
+# relative max-norm; float32 rounding drifts by up to ~2e-8 per step (README, "What verify checks")
+SEMANTICS_TOLERANCE, SEMANTICS_TOLERANCE_PER_STEP = 1e-5, 1e-7
+MICRO_BATCHES_PER_RANK = 3  # so a rank that loses one of its own micro-batches is caught
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reduction", default="exact", choices=["exact", "native"])
     parser.add_argument(
-        "--micro-batches", type=int, default=None, help="global micro-batches per step (default: one per rank)"
+        "--micro-batches", type=int, default=None, help="global micro-batches per step (default: 3 per rank)"
     )
     parser.add_argument("--batch", type=int, default=8, help="samples per micro-batch")
     parser.add_argument("--clip-norm", type=float, default=1.0, help="0 disables clipping")
@@ -98,13 +102,44 @@ def run(args, comm) -> int:
 
 
 def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
+    """Train ``args.steps`` steps at ``stage``; return rank 0's line and whether every check passed."""
     rank, size = comm.Get_rank(), comm.Get_size()
     model = build_model(args.model)
-    micro_batches = size if args.micro_batches is None else args.micro_batches
+    micro_batches = MICRO_BATCHES_PER_RANK * size if args.micro_batches is None else args.micro_batches
     xp = device_module(args.device)
-    params = to_device(model.init(args.seed), xp)
-    optimizer = make_optimizer(args.optimizer)
     precision = PRECISIONS[args.precision]
+    engine, trainer, reference, documented = build_runs(stage, args, comm, model, precision)
+    scaler = LossScaler() if precision.loss_scaling else None
+    worst, first_mismatch, semantics = 0.0, None, SemanticsRecord.for_steps(args.steps)
+    for step in range(1, args.steps + 1):
+        batches = [to_device(synthetic_batch(model, args.seed, step, m, args.batch), xp) for m in range(micro_batches)]
+        engine.collectives.traffic.clear()
+        trainer.step(batches.__getitem__, micro_batches)
+        taken = reference.step_count
+        reference_step(model, reference, batches, precision, scaler)
+        if reference.step_count > taken:  # a step skipped for fp16 overflow is skipped by torch too
+            documented.step(reference.averaged)
+        if args.perturb_rank == rank and step == 1:
+            shard = engine.groups[0].master_shard
+            shard[:1] = to_device(np.nextafter(to_host(shard[:1]), np.float32(np.inf)), xp)
+        if engine.reduction.bitwise:
+            first_mismatch = first_mismatch or compare_bits(step, rank, engine, reference)
+        else:
+            worst = max(worst, relative_difference(engine, reference))
+        semantics.note(step, semantics_difference(engine, documented.params))
+    head = (
+        f"stage {stage}  ranks {size}  steps {args.steps}  model {args.model}  optimizer {args.optimizer}  "
+        f"{args.precision}  reduction {args.reduction}  {accounting(engine)}:"
+    )
+    reference_line, reference_ok = reference_verdict(engine, worst, first_mismatch)
+    semantics_line, semantics_ok = semantics.verdict(engine.collectives, documented.name)
+    return f"{head} {reference_line}; {semantics_line}", reference_ok and semantics_ok
+
+
+def build_runs(stage: int, args, comm, model, precision):
+    """The engine and its trainer, the single-rank reference, and torch.optim's documented optimizer."""
+    params = to_device(model.init(args.seed), device_module(args.device))
+    optimizer = make_optimizer(args.optimizer)
     numerics = dict(
         param_dtype=precision.param_dtype.name,
         watchdog=args.watchdog or None,
@@ -113,36 +148,77 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
     )
     groups = make_groups(model, sharding(stage).params, args.bucket_elems)
     engine = ZeroEngine(params, optimizer, comm=comm, groups=groups, stage=stage, reduction=args.reduction, **numerics)
-    trainer = Trainer(model, engine, precision)
-    reference = Reference(params, optimizer, args.reduction, **{k: numerics[k] for k in REFERENCE_SETTINGS})
-    scaler = LossScaler() if precision.loss_scaling else None
-    worst, first_mismatch = 0.0, None
-    for step in range(1, args.steps + 1):
-        batches = [to_device(synthetic_batch(model, args.seed, step, m, args.batch), xp) for m in range(micro_batches)]
-        engine.collectives.traffic.clear()
-        trainer.step(batches.__getitem__, micro_batches)
-        reference_step(model, reference, batches, precision, scaler)
-        if args.perturb_rank == rank and step == 1:
-            shard = engine.groups[0].master_shard
-            shard[:1] = to_device(np.nextafter(to_host(shard[:1]), np.float32(np.inf)), xp)
-        if engine.reduction.bitwise:
-            first_mismatch = first_mismatch or compare_bits(step, rank, engine, reference)
-        else:
-            worst = max(worst, relative_difference(engine, reference))
-    head = (
-        f"stage {stage}  ranks {size}  steps {args.steps}  model {args.model}  optimizer {args.optimizer}  "
-        f"{args.precision}  reduction {args.reduction}  {accounting(engine)}:"
-    )
+    reference = RecordingReference(params, optimizer, args.reduction, **{k: numerics[k] for k in REFERENCE_SETTINGS})
+    host_params = {n: to_host(p) for n, p in params.items()}
+    documented = DocumentedOptimizer(args.optimizer, host_params, asdict(optimizer), numerics["clip_norm"])
+    return engine, Trainer(model, engine, precision), reference, documented
+
+
+def reference_verdict(engine, worst: float, first_mismatch: Mismatch | None) -> tuple[str, bool]:
+    """Agree on the comparison with the reference: bitwise or the first mismatch (exact), or the tolerance (native)."""
     if not engine.reduction.bitwise:
         worst = engine.collectives.allreduce_value(worst, MPI.MAX, "the largest difference")
         ok = worst <= NATIVE_TOLERANCE
         verdict = "within" if ok else "OUTSIDE"
         detail = f"max relative difference {worst:.2e}, tolerance {NATIVE_TOLERANCE:.0e}; not bitwise"
-        return f"{head} {verdict} tolerance ({detail})", ok
+        return f"{verdict} tolerance ({detail})", ok
     reports = [m for m in engine.collectives.allgather_object(first_mismatch, "mismatches") if m is not None]
     if reports:
-        return f"{head} {min(reports, key=lambda m: (m.step, m.rank))}", False
-    return f"{head} bitwise", True
+        return str(min(reports, key=lambda m: (m.step, m.rank))), False
+    return "bitwise", True
+
+
+class RecordingReference(Reference):
+    """The reference, keeping each step's averaged gradients (before clipping) in float64."""
+
+    averaged: dict[str, np.ndarray]  # set by every step that is taken
+
+    def average(self, contributions):
+        result = super().average(contributions)
+        self.averaged = {n: to_host(g).astype(np.float64) for n, g in result.items()}
+        return result
+
+
+@dataclass
+class SemanticsRecord:
+    """The largest relative difference from the documented optimizer so far, and the first step over tolerance."""
+
+    tolerance: float
+    worst: float = 0.0
+    first_failure: int = 0
+
+    @classmethod
+    def for_steps(cls, steps: int) -> SemanticsRecord:
+        """The tolerance grows with the run once float32 drift could approach it: 1e-5, or 1e-7 per step."""
+        return cls(max(SEMANTICS_TOLERANCE, SEMANTICS_TOLERANCE_PER_STEP * steps))
+
+    def note(self, step: int, difference: float) -> None:
+        self.worst = max(self.worst, difference)
+        if not difference <= self.tolerance and not self.first_failure:  # NaN fails too
+            self.first_failure = step
+
+    def verdict(self, collectives, name: str) -> tuple[str, bool]:
+        """Agree on the worst difference over ranks; return the verdict text and whether it is within tolerance."""
+        worst = collectives.allreduce_value(self.worst, MPI.MAX, "the largest optimizer-semantics difference")
+        failures = [s for s in collectives.allgather_object(self.first_failure, "semantics failures") if s]
+        detail = f"max rel diff {worst:.1e}"
+        if failures:
+            detail += f", first over at step {min(failures)}"
+        verdict = "OUTSIDE" if failures else "within"
+        line = f"optimizer semantics {verdict} {self.tolerance:.0e} of torch.optim's documented {name} ({detail})"
+        return line, not failures
+
+
+def semantics_difference(engine, documented_params) -> float:
+    """Max |engine master - documented| over this rank's owned ranges, relative to the documented max-norm."""
+    scale = max(float(np.max(np.abs(p), initial=0.0)) for p in documented_params.values()) or 1.0
+    worst = 0.0
+    for group in engine.groups:
+        start, stop = group.owned_range
+        expected = flatten(group, documented_params, np.float64)[start:stop]
+        mine = to_host(group.master_shard).astype(np.float64)
+        worst = max(worst, float(np.max(np.abs(mine - expected), initial=0.0)))
+    return worst / scale
 
 
 def accounting(engine) -> str:
@@ -172,9 +248,9 @@ def compared_pairs(engine, reference):
             yield state_name, group, start, buffer, flat[state_name][start:stop]
 
 
-def flatten(group, tensors) -> np.ndarray:
+def flatten(group, tensors, dtype=np.float32) -> np.ndarray:
     """Lay reference tensors out as the group's padded flat buffer."""
-    flat = np.zeros(group.partition.padded_numel, dtype=np.float32)
+    flat = np.zeros(group.partition.padded_numel, dtype=dtype)
     for name, view in group.layout.views(flat).items():
         view[...] = to_host(tensors[name])
     return flat

@@ -1,0 +1,123 @@
+"""A test of the tests: deliberate bugs in a copy of the package must make ``verify`` fail.
+
+Each mutation edits the source text of a copy of ``mpizero/`` (the original
+text must be found, so a refactor that moves it fails here rather than testing
+nothing) and runs ``verify`` on the copy through ``PYTHONPATH``. The unmutated
+copy passes (the control), so a failure is the mutation's doing.
+"""
+
+import shutil
+
+import pytest
+from mpirun import ROOT, run_mpi
+
+TIMEOUT = 60
+
+# name: (file, original text, mutated text, world size, verify arguments)
+MUTATIONS = {
+    "last shard offset by one": (
+        "core/partition.py",
+        "start = rank * self.shard_numel\n",
+        "start = rank * self.shard_numel - (rank == self.world_size - 1)\n",
+        3,
+        ["--stage", "2"],
+    ),
+    "a rank's earlier micro-batches dropped": (
+        "training/trainer.py",
+        "contributions = [*stored, grads] if batch is not None else stored",
+        "contributions = [grads] if batch is not None else stored",
+        2,
+        ["--stage", "2"],
+    ),
+    "bias correction one step late": (
+        "core/optim.py",
+        "step_size = self.lr / (1.0 - beta1**step)",
+        "step_size = self.lr / (1.0 - beta1 ** (step + 1))",
+        2,
+        ["--stage", "1"],
+    ),
+    "AdamW decay coupled to the gradient": (
+        "core/optim.py",
+        "if self.weight_decay and self.decoupled:",
+        "if False:",
+        2,
+        ["--stage", "1", "--optimizer", "adamw"],
+    ),
+    "padding of the parameters not zeroed": (
+        "core/group.py",
+        "full = xp.zeros(partition.padded_numel, dtype=np.float32)",
+        "full = xp.full(partition.padded_numel, 0.5, dtype=np.float32)  # stale data in the padding",
+        3,
+        ["--stage", "3"],
+    ),
+}
+
+
+def verify_copy(tmp_path, n: int, args: list[str], mutation=None):
+    """Copy the package into ``tmp_path``, apply ``(file, old, new)``, and run ``verify`` on the copy."""
+    shutil.copytree(ROOT / "mpizero", tmp_path / "mpizero", ignore=shutil.ignore_patterns("__pycache__"))
+    if mutation is not None:
+        file, old, new = mutation
+        path = tmp_path / "mpizero" / file
+        source = path.read_text()
+        assert source.count(old) == 1, f"{file}: the text to mutate is gone: {old!r}"
+        path.write_text(source.replace(old, new))
+    # -P: the working directory (the original package) does not shadow the copy on PYTHONPATH
+    argv = ["-P", "-m", "mpizero", "verify", "--steps", "3", *args]
+    return run_mpi(n, argv, TIMEOUT, env={"PYTHONPATH": str(tmp_path)})
+
+
+def test_wire_padding_is_never_read(tmp_path):
+    """Stale data in the padding of the local grads buffer cannot leak: only tensor segments are decoded.
+
+    So not zeroing it is an equivalent mutant, not a bug verify could see; if this fails, padding became
+    part of a result and the zeroing in ``encode`` is load-bearing.
+    """
+    mutation = (
+        "core/reduction.py",
+        "local[specs[-1].stop :] = 0\n        for spec, scale",
+        "local[specs[-1].stop :] = 12345\n        for spec, scale",
+    )
+    done = verify_copy(tmp_path, 3, ["--stage", "all"], mutation)
+    assert done.returncode == 0 and done.stdout.count(": bitwise; optimizer semantics within") == 4, done.stdout
+
+
+def test_unmutated_copy_passes(tmp_path):
+    done = verify_copy(tmp_path, 3, ["--stage", "2"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert ": bitwise; optimizer semantics within" in done.stdout
+
+
+@pytest.mark.parametrize("name", MUTATIONS)
+def test_mutation_is_caught_by_verify(tmp_path, name):
+    file, old, new, n, args = MUTATIONS[name]
+    done = verify_copy(tmp_path, n, args, (file, old, new))
+    assert done.returncode == 1, f"{name}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    assert "MISMATCH at step" in done.stdout or "optimizer semantics OUTSIDE" in done.stdout, done.stdout
+
+
+SKIPPING_VERIFY = """
+import functools, sys
+from mpizero.cli import verify
+from mpizero.cli.main import main
+from mpizero.core.precision import LossScaler
+
+verify.Trainer = functools.partial(verify.Trainer, initial_loss_scale=2.0**24)
+verify.LossScaler = functools.partial(LossScaler, 2.0**24)
+taken = verify.RecordingReference.step
+def counted(self, contributions):
+    done = taken(self, contributions)
+    print("SKIPPED" if not done else "TAKEN", flush=True)
+    return done
+verify.RecordingReference.step = counted
+sys.exit(main(["verify", "--precision", "fp16", "--stage", "2", "--steps", "12"]))
+"""
+
+
+def test_fp16_skipped_steps_are_skipped_by_the_documented_optimizer_too(tmp_path):
+    script = tmp_path / "skipping.py"
+    script.write_text(SKIPPING_VERIFY)
+    done = run_mpi(2, [str(script)], TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SKIPPED" in done.stdout and "TAKEN" in done.stdout, done.stdout
+    assert ": bitwise; optimizer semantics within" in done.stdout
