@@ -71,7 +71,7 @@ def mpizero_worker(args, config: str) -> dict:
     from mpizero.core.precision import PRECISIONS
     from mpizero.core.stages import sharding
     from mpizero.training.mlp import MLP
-    from mpizero.training.trainer import Trainer, make_groups
+    from mpizero.training.trainer import DEFAULT_BUCKET_ELEMS, Trainer, make_groups
 
     comm = MPI.COMM_WORLD
     _, stage, reduction = config.split("-")
@@ -83,7 +83,7 @@ def mpizero_worker(args, config: str) -> dict:
         comm=comm,
         stage=stage,
         reduction=reduction,
-        groups=make_groups(model, sharding(stage).params, 1 << 21),
+        groups=make_groups(model, sharding(stage).params, DEFAULT_BUCKET_ELEMS),
     )
     trainer = Trainer(model, engine, PRECISIONS["fp32"])
     size = comm.Get_size()

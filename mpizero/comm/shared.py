@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-CHUNK = 1 << 15  # elements summed at a time: the running sum stays in cache
+from mpizero.core.arrays import CHUNK
 
 
 class SharedArena:

@@ -25,6 +25,8 @@ from mpizero.core.partition import split_evenly
 from mpizero.core.precision import LossScaler, Precision
 from mpizero.training.model import forward_backward, param_shapes, unit_names
 
+DEFAULT_BUCKET_ELEMS = 1 << 21  # 8 MiB of float32; see README for the measurement behind it
+
 
 def make_groups(model, by_unit: bool, bucket_elems: int) -> list[list[str]]:
     """Stage 3: one group per unit. Otherwise buckets of up to ``bucket_elems`` in backward order."""

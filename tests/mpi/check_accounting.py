@@ -11,7 +11,6 @@ import numpy as np
 from mpi4py import MPI
 
 from mpizero import Adam, ZeroEngine
-from mpizero.cli.train import formula_setup
 from mpizero.core import formulas
 from mpizero.core.precision import PRECISIONS
 from mpizero.core.stages import STAGES, sharding
@@ -52,7 +51,7 @@ for model in (mlp, transformer):
                 trainer.step(lambda m, model=model: batch(model, 1, m), MICRO_BATCHES)
                 engine.collectives.traffic.clear()
                 trainer.step(lambda m, model=model: batch(model, 2, m), MICRO_BATCHES)
-                setup = formula_setup(engine)
+                setup = formulas.formula_setup(engine)
                 held = engine.memory()
                 assert held == formulas.engine_bytes(setup), (stage, precision_name, reduction, held)
                 sent = engine.collectives.traffic.sent
