@@ -10,6 +10,7 @@ from mpirun import ROOT
 
 from mpizero.core.partition import Partition
 from mpizero.core.stages import sharding
+from mpizero.training.trainer import DEFAULT_BUCKET_ELEMS
 
 plot = pytest.importorskip("mpizero.cli.plot", reason="plot tests need matplotlib (the test extra installs it)")
 pytest.importorskip("matplotlib", reason="plot tests need matplotlib (the test extra installs it)")
@@ -85,7 +86,7 @@ def test_memory_prediction_does_not_depend_on_measuring(tmp_path, monkeypatch):
     monkeypatch.setattr(plot, "draw_bar", lambda ax, x, held, measured: drawn.append((measured, held)) or 1.0)
     monkeypatch.setattr(plot, "measured_bytes", lambda args, stage: {"params": 1})
     settings = dict(model="mlp", width=None, layers=2, heads=4, block_size=32, precision="fp32")
-    settings.update(reduction="exact", optimizer="adamw", bucket_elems=1 << 21, ranks=4, micro_batches=4)
+    settings.update(reduction="exact", optimizer="adamw", bucket_elems=DEFAULT_BUCKET_ELEMS, ranks=4, micro_batches=4)
     predicted = {}
     for measure in (False, True):
         plot.memory_figure(Namespace(measure=measure, **settings), str(tmp_path / f"m{measure}.png"))

@@ -32,7 +32,7 @@ MAX_PARTITION_PARAMS = 64  # one cell per parameter: beyond this the figure is t
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("figure", choices=["partition", "memory"], help="which figure to draw")
+    parser.add_argument("figure", choices=list(FIGURES), help="which figure to draw")
     parser.add_argument("-o", "--output", required=True, help="the image file to write (.png, .pdf, .svg, ...)")
     options.add(parser, "ranks")
     parser.add_argument(
@@ -78,10 +78,7 @@ def rank_colour(rank: int) -> str:
 def run(args, comm) -> int:
     if comm.Get_rank() != 0:
         return 0
-    if args.figure == "partition":
-        partition_figure(args.params, args.ranks, args.output)
-    else:
-        memory_figure(args, args.output)
+    FIGURES[args.figure](args)
     print(f"wrote {args.output}")
     return 0
 
@@ -189,6 +186,7 @@ def memory_figure(args, path: str) -> None:
             if args.measure:
                 ax.text(x, top, label, ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(STAGES), [f"stage {s}" for s in STAGES])
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.06)  # room for the p and m labels
     ax.set_ylabel("KiB per rank")
     measured = "; p = predicted, m = measured here (hatched)" if args.measure else ": predicted"
     ax.set_title(f"{args.model}, {args.ranks} ranks, {args.precision}, {args.reduction}{measured}")
@@ -197,3 +195,9 @@ def memory_figure(args, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
+
+
+FIGURES = {
+    "partition": lambda args: partition_figure(args.params, args.ranks, args.output),
+    "memory": lambda args: memory_figure(args, args.output),
+}
