@@ -37,7 +37,7 @@ CASES = [
     (1, "train --keep -3", "--keep: must be >= 1, got -3"),
     (1, "train --steps 0", "--steps: must be >= 1"),
     (1, "train --micro-batches 0", "--micro-batches: must be >= 1"),
-    (1, "train --global-batch 10 --micro-batches 4", "--global-batch 10 does not split into 4 micro-batches"),
+    (1, "train --global-batch 10 --micro-batches 4", "--global-batch 10 must split into --micro-batches 4"),
     (1, "train --bucket-elems 0", "--bucket-elems: must be >= 1"),
     (1, "train --watchdog -1", "--watchdog: must be a finite number >= 0"),
     (1, "train --stage 4", "--stage: invalid choice: 4"),

@@ -75,7 +75,7 @@ def check(args, world_size: int) -> None:
         least = min(max(MIN_MICRO_BATCHES, world_size), args.global_batch)
         args.micro_batches = next(m for m in range(least, args.global_batch + 1) if args.global_batch % m == 0)
     elif args.global_batch % args.micro_batches:
-        problems.append(f"--global-batch {args.global_batch} does not split into {args.micro_batches} micro-batches")
+        problems.append(f"--global-batch {args.global_batch} must split into --micro-batches {args.micro_batches}")
     elif args.micro_batches < world_size:
         problems.append(f"--micro-batches {args.micro_batches} is fewer than the {world_size} ranks")
     if (args.checkpoint_dir is None) != (args.checkpoint_every is None):
