@@ -69,9 +69,8 @@ def mpizero_worker(args, config: str) -> dict:
 
     from mpizero import Adam, ZeroEngine
     from mpizero.core.precision import PRECISIONS
-    from mpizero.core.stages import sharding
     from mpizero.training.mlp import MLP
-    from mpizero.training.trainer import Trainer, make_groups
+    from mpizero.training.trainer import DEFAULT_BUCKET_ELEMS, Trainer, make_groups
 
     comm = MPI.COMM_WORLD
     _, stage, reduction = config.split("-")
@@ -83,7 +82,7 @@ def mpizero_worker(args, config: str) -> dict:
         comm=comm,
         stage=stage,
         reduction=reduction,
-        groups=make_groups(model, sharding(stage).params, 1 << 21),
+        groups=make_groups(model, stage, DEFAULT_BUCKET_ELEMS),
     )
     trainer = Trainer(model, engine, PRECISIONS["fp32"])
     size = comm.Get_size()

@@ -54,10 +54,9 @@ def worker(args) -> None:
 
     from mpizero import AdamW, ZeroEngine
     from mpizero.core.precision import PRECISIONS
-    from mpizero.core.stages import sharding
     from mpizero.training.datasets import Corpus, Digits
     from mpizero.training.mlp import MLP
-    from mpizero.training.trainer import Trainer, make_groups
+    from mpizero.training.trainer import DEFAULT_BUCKET_ELEMS, Trainer, make_groups
     from mpizero.training.transformer import Transformer
 
     threadpool_limits(limits=1)
@@ -75,12 +74,11 @@ def worker(args) -> None:
         model.init(0),
         AdamW(lr=1e-3),
         comm=comm,
-        groups=make_groups(model, sharding(args.stage).params, 1 << 21),
+        groups=make_groups(model, args.stage, DEFAULT_BUCKET_ELEMS),
         stage=args.stage,
         reduction=args.reduction,
-        param_dtype=precision.param_dtype.name,
         clip_norm=1.0,
-        on_nonfinite="skip" if precision.loss_scaling else "raise",
+        **precision.engine_settings(),
         overlap=not args.no_overlap,
     )
     trainer = Trainer(model, engine, precision)

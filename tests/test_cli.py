@@ -1,7 +1,11 @@
-"""``python -m mpizero example`` and ``verify`` as a user runs them."""
+"""``python -m mpizero example``, ``verify`` and ``train`` as a user runs them."""
+
+import os
+import subprocess
+import sys
 
 import pytest
-from mpirun import WORLD_SIZES, run_mpi, run_mpi_ok
+from mpirun import ROOT, WORLD_SIZES, run_mpi, run_mpi_ok
 
 # The worked example's printed numbers (shared/reference/zero-worked-example.txt).
 AVERAGED = "Averaged gradients: [ 0.035 -0.025  0.045  0.03  -0.025  0.035 -0.025  0.025]"
@@ -68,3 +72,30 @@ def test_bad_cli_value_is_rejected_by_argparse():
 def test_verify_is_bitwise_with_either_reduce_scatter(setting):
     out = run_mpi_ok(3, ["-m", "mpizero", "verify", "--steps", "3"], env={"MPIZERO_REDUCE_SCATTER": setting})
     assert out.count(": bitwise") == 4, out
+
+
+def test_train_default_micro_batches_work_at_more_than_four_ranks():
+    out = run_mpi_ok(5, ["-m", "mpizero", "train", "--steps", "1", "--log-every", "1"], timeout=180)
+    assert "5 ranks" in out and "held-out accuracy" in out
+
+
+def test_train_finds_its_data_from_a_directory_holding_another_mpizero(tmp_path):
+    """A folder named mpizero without ``__init__.py`` in the working directory cannot shadow the package.
+
+    ``python -m`` puts the working directory first on ``sys.path``, but a folder without
+    ``__init__.py`` is only a namespace-package candidate: Python keeps looking and the real
+    package wins; the data are then found through that package's resources, not the working
+    directory. (A folder *with* ``__init__.py`` is a package and shadows any import of that name.)
+    """
+    (tmp_path / "mpizero" / "training" / "data").mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "mpizero", "train", "--steps", "1", "--log-every", "1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "held-out accuracy" in done.stdout

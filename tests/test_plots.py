@@ -10,6 +10,7 @@ from mpirun import ROOT
 
 from mpizero.core.partition import Partition
 from mpizero.core.stages import sharding
+from mpizero.training.trainer import DEFAULT_BUCKET_ELEMS
 
 plot = pytest.importorskip("mpizero.cli.plot", reason="plot tests need matplotlib (the test extra installs it)")
 pytest.importorskip("matplotlib", reason="plot tests need matplotlib (the test extra installs it)")
@@ -68,9 +69,29 @@ def test_memory_png_from_the_estimator(tmp_path):
 
 def test_missing_matplotlib_gives_a_clear_message(tmp_path):
     code = (
-        "import sys; sys.modules['matplotlib'] = None\n"
+        "import sys; sys.modules['matplotlib'] = None; sys.modules['matplotlib.backend_bases'] = None\n"
         "from mpizero.cli.main import main\n"
-        f"main(['plot', 'partition', '-o', r'{tmp_path / 'x.png'}'])"
+        f"sys.exit(main(['plot', 'partition', '-o', r'{tmp_path / 'x.png'}']))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1 and 'plotting needs matplotlib: pip install -e ".[plot]"' in done.stderr
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == 'mpizero: error: plotting needs matplotlib: pip install -e ".[plot]"'
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_memory_prediction_does_not_depend_on_measuring(tmp_path, monkeypatch):
+    from argparse import Namespace
+
+    drawn = []
+    monkeypatch.setattr(plot, "draw_bar", lambda ax, x, held, measured: drawn.append((measured, held)) or 1.0)
+    monkeypatch.setattr(plot, "measured_bytes", lambda args, stage: {"params": 1})
+    settings = dict(model="mlp", width=None, layers=2, heads=4, block_size=32, precision="fp32")
+    settings.update(reduction="exact", optimizer="adamw", bucket_elems=DEFAULT_BUCKET_ELEMS, ranks=4, micro_batches=4)
+    predicted = {}
+    for measure in (False, True):
+        plot.memory_figure(Namespace(measure=measure, **settings), str(tmp_path / f"m{measure}.png"))
+        predicted[measure] = [held for was_measured, held in drawn if not was_measured]
+        drawn.clear()
+    assert predicted[False] == predicted[True] and len(predicted[False]) == 4
+    arena = [held["arena"] for held in predicted[False]]
+    assert arena[:2] == [0, 0] and arena[2] > 0 and all(held["comm"] == 0 for held in predicted[False][2:])

@@ -12,11 +12,13 @@ import argparse
 import numpy as np
 from mpi4py import MPI
 
+from mpizero.cli import options
 from mpizero.core.arrays import to_host
 from mpizero.core.engine import ZeroEngine
 from mpizero.core.optim import SGD
 from mpizero.core.partition import split_evenly
 from mpizero.core.reference import Reference
+from mpizero.core.stages import STAGES
 
 INITIAL_PARAMS = np.array([0.1, -0.3, 0.5, 0.2, -0.1, 0.4, -0.2, 0.3], dtype=np.float32)
 LOCAL_GRADS = np.array(
@@ -32,8 +34,15 @@ LR = 0.1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--stage", type=int, default=2, choices=[1, 2, 3])
-    parser.add_argument("--reduction", default="exact", choices=["exact", "native"])
+    options.add(parser, "stage", choices=[s for s in STAGES if s > 0])
+    options.add(parser, "reduction")
+
+
+def check(args, world_size: int) -> None:
+    """Nothing beyond the parser's choices: the example runs at any world size."""
+
+
+OUTPUTS: dict[str, str] = {}
 
 
 def run(args, comm) -> int:

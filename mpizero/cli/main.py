@@ -1,8 +1,11 @@
-"""Command line: ``mpiexec -n N python -m mpizero {example,verify,train,estimate,plot,consolidate} [options]``.
+"""Command line: mpiexec -n N python -m mpizero {example,verify,train,estimate,plot,consolidate} [options].
 
-One rank works too: ``python -m mpizero verify``. An error every rank agreed on
-is printed once and exits with status 2; any other exception on any rank prints
-that rank's traceback and aborts the whole job, so no rank waits forever.
+One rank works too: ``python -m mpizero verify``. Bad input (a flag out of
+range, flags that contradict each other, an output file that cannot be
+written) is found before any work, printed once on one line, and exits with
+status 2; so is an error every rank agreed on during the run. Any other
+exception on any rank prints that rank's traceback and aborts the whole job,
+so no rank waits forever.
 """
 
 from __future__ import annotations
@@ -15,12 +18,15 @@ import traceback
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
-from mpizero.cli import consolidate, estimate, example, plot, train, verify
+from mpizero.cli import consolidate, estimate, example, options, plot, train, verify
 from mpizero.comm import launch
-from mpizero.comm.agree import ZeroError
+from mpizero.comm.collectives import Collectives
+from mpizero.core.errors import ZeroError
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
+# Each command module has: add_arguments(parser), check(args, world_size) (raises ZeroError and fills in
+# defaults that depend on the world size), OUTPUTS ({dest: flag} of files rank 0 writes) and run(args, comm).
 COMMANDS = {
     "example": example,
     "verify": verify,
@@ -31,23 +37,71 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpizero", description="ZeRO stages 0-3 over MPI")
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keep the description's lines; show each option's default unless it is None or False."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.option_strings and not any(action.default is v for v in (None, False, argparse.SUPPRESS)):
+            text += " (default: %(default)s)"
+        return text
+
+
+class Parser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one ZeroError line, and whose help only rank 0 prints."""
+
+    def error(self, message: str):
+        raise ZeroError(message)
+
+    def print_help(self, file=None) -> None:
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            super().print_help(file)
+
+
+def description(module) -> str:
+    """The module's docstring as plain text for --help."""
+    return module.__doc__.replace("``", "").strip()
+
+
+def make_parser() -> Parser:
+    parser = Parser(prog="python -m mpizero", description="ZeRO stages 0-3 over MPI", formatter_class=HelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, module in COMMANDS.items():
-        module.add_arguments(commands.add_parser(name, help=module.__doc__.splitlines()[0]))
-    args = parser.parse_args(argv)
-    if not any(v in os.environ for v in THREAD_VARIABLES):
-        threadpool_limits(limits=1)  # one BLAS thread per rank: reproducible, and cores not oversubscribed
+        summary = description(module).splitlines()[0].split(": ", 1)[-1]  # without "python -m mpizero NAME: "
+        sub = commands.add_parser(name, help=summary, description=description(module), formatter_class=HelpFormatter)
+        module.add_arguments(sub)
+    return parser
+
+
+def check_outputs(args, outputs: dict[str, str], comm) -> None:
+    """Raise on every rank unless rank 0 can write every output file the flags name."""
+    paths = {flag: getattr(args, dest) for dest, flag in outputs.items() if getattr(args, dest)}
+    if not paths:
+        return
+    problems = None
+    if comm.Get_rank() == 0:
+        problems = [p for flag, path in paths.items() if (p := options.output_problem(flag, path))]
+    if comm.Get_size() > 1:
+        problems = Collectives(comm).bcast_object(problems, "the output-file check")
+    options.raise_problems(problems)
+
+
+def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     try:
         launch.refuse_split_launch(comm)
-        return COMMANDS[args.command].run(args, comm)
+        args = make_parser().parse_args(argv)
+        module = COMMANDS[args.command]
+        module.check(args, comm.Get_size())
+        check_outputs(args, module.OUTPUTS, comm)
+        if not any(v in os.environ for v in THREAD_VARIABLES):
+            threadpool_limits(limits=1)  # one BLAS thread per rank: reproducible, and cores not oversubscribed
+        return module.run(args, comm)
     except ZeroError as error:
         if comm.Get_rank() == 0:
             print(f"mpizero: error: {error}", file=sys.stderr, flush=True)
         return 2
-    except BaseException:
+    except Exception:
         print(f"mpizero: rank {comm.Get_rank()} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         comm.Abort(1)
         return 1

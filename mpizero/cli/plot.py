@@ -14,39 +14,56 @@ import os
 import subprocess
 import tempfile
 
-from mpizero.cli.estimate import model_setups
+from mpizero.cli import options
 from mpizero.comm.launcher import python_under_mpiexec
 from mpizero.core import formulas
+from mpizero.core.errors import ZeroError
 from mpizero.core.partition import Partition
 from mpizero.core.stages import STAGES, sharding
 
+OUTPUTS = {"output": "-o/--output"}
 ROWS = (("parameters", "params"), ("gradients", "grads"), ("optimizer state", "optimizer"))
+KINDS = ("params", "grads", "master", "optimizer", "comm")
+COLOURS = dict(zip(KINDS, ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd")))
+ARENA = "#d9c8ea"  # the shared arena: a lighter ``comm``
 REPLICATED = "#b0b0b0"
 DPI = 100
+MAX_PARTITION_PARAMS = 64  # one cell per parameter: beyond this the figure is too wide to read
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("figure", choices=["partition", "memory"])
-    parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--params", type=int, default=8, help="partition: parameters in the flat buffer")
-    parser.add_argument("--model", default="mlp", choices=["mlp", "transformer"], help="memory: the model")
-    parser.add_argument("--measure", action="store_true", help="memory: also run each stage under mpiexec")
-    parser.add_argument("-o", "--output", required=True)
-    for flag, default in (("--width", None), ("--layers", 2), ("--heads", 4), ("--block-size", 32)):
-        parser.add_argument(flag, type=int, default=default)
-    parser.add_argument("--precision", default="fp32")
-    parser.add_argument("--reduction", default="exact")
-    parser.add_argument("--optimizer", default="adamw")
-    parser.add_argument("--bucket-elems", type=int, default=1 << 21)
-    parser.add_argument("--micro-batches", type=int, default=4)
+    parser.add_argument("figure", choices=list(FIGURES), help="which figure to draw")
+    parser.add_argument("-o", "--output", required=True, help="the image file to write (.png, .pdf, .svg, ...)")
+    options.add(parser, "ranks")
+    parser.add_argument(
+        "--params",
+        type=options.whole(1, MAX_PARTITION_PARAMS),
+        default=8,
+        help="partition: parameters in the flat buffer",
+    )
+    parser.add_argument("--measure", action="store_true", help="memory: also run two steps per stage under mpiexec")
+    options.add(parser, *options.MODEL_SETTINGS)
+    options.add(parser, "micro_batches", help="memory: micro-batches per step, all ranks")
+
+
+def check(args, world_size: int) -> None:
+    """Raise a ZeroError unless matplotlib can write the output format for a model that can exist."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise ZeroError('plotting needs matplotlib: pip install -e ".[plot]"') from None
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = os.path.splitext(args.output)[1][1:].lower()
+    if suffix not in formats:
+        raise ZeroError(f"-o/--output {args.output} must end in an image format: {', '.join(sorted(formats))}")
+    if args.figure == "memory":
+        options.raise_problems(options.model_problems(args))
 
 
 def pyplot():
-    """Import matplotlib's pyplot headless, or exit with a message saying how to install it."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise SystemExit('plotting needs matplotlib: pip install -e ".[plot]"') from None
+    """Import matplotlib's pyplot headless."""
+    import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -61,12 +78,7 @@ def rank_colour(rank: int) -> str:
 def run(args, comm) -> int:
     if comm.Get_rank() != 0:
         return 0
-    if args.ranks < 1 or args.params < 1:
-        raise SystemExit(f"--ranks and --params must be >= 1, got {args.ranks} and {args.params}")
-    if args.figure == "partition":
-        partition_figure(args.params, args.ranks, args.output)
-    else:
-        memory_figure(args, args.output)
+    FIGURES[args.figure](args)
     print(f"wrote {args.output}")
     return 0
 
@@ -95,11 +107,14 @@ def partition_figure(numel: int, ranks: int, path: str) -> dict:
         ax.set_yticks([len(ROWS) - 0.5 - r for r in range(len(ROWS))], [label for label, _ in ROWS])
         ax.set_xticks([i + 0.5 for i in range(partition.padded_numel)], range(partition.padded_numel))
         ax.set_title(f"Stage {stage}")
+    axes[-1].set_xlabel("element of the flat parameter buffer")
     handles = [plt.Rectangle((0, 0), 1, 1, color=rank_colour(r)) for r in range(ranks)]
     handles += [plt.Rectangle((0, 0), 1, 1, color=REPLICATED), plt.Rectangle((0, 0), 1, 1, fill=False, hatch="xx")]
     labels = [f"rank {r}" for r in range(ranks)] + ["replicated", "padding"]
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6))
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    columns = 4
+    legend_rows = -(-len(labels) // columns)
+    fig.legend(handles, labels, loc="lower center", ncol=columns, frameon=False)
+    fig.tight_layout(rect=(0, 0.3 * legend_rows / fig.get_size_inches()[1], 1, 1))
     fig.canvas.draw()
     height = fig.get_size_inches()[1] * DPI
     pixels = {}
@@ -112,48 +127,77 @@ def partition_figure(numel: int, ranks: int, path: str) -> dict:
 
 
 def measured_bytes(args, stage: int) -> dict:
-    """Run two training steps of ``stage`` under mpiexec and return rank 0's memory report."""
+    """Run two training steps of ``stage`` under mpiexec on this host; return rank 0's memory held after them."""
+    micro_batches = max(args.micro_batches, args.ranks)
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "memory.json")
-        command = python_under_mpiexec(args.ranks, "-m", "mpizero", "train")
-        command += ["--model", args.model, "--stage", str(stage), "--steps", "2"]
-        command += ["--micro-batches", str(max(args.micro_batches, args.ranks)), "--memory-json", report]
-        command += ["--global-batch", str(16 * max(args.micro_batches, args.ranks)), "--log-every", "1000"]
-        subprocess.run(command, check=True, capture_output=True, timeout=600)
+        command = python_under_mpiexec(args.ranks, "-m", "mpizero", "train", "--stage", str(stage), "--steps", "2")
+        for name in options.MODEL_SETTINGS:
+            value = getattr(args, name)
+            if value is not None:
+                command += [f"--{name.replace('_', '-')}", str(value)]
+        command += ["--micro-batches", str(micro_batches), "--global-batch", str(16 * micro_batches)]
+        command += ["--log-every", "1000", "--memory-json", report]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        if done.returncode:
+            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise ZeroError(f"measuring stage {stage} failed (exit {done.returncode}): {last}")
         with open(report) as f:
-            return json.load(f)
+            return json.load(f)["now"]
+
+
+def predicted_bytes(setup: formulas.Setup) -> dict:
+    """Bytes per rank by kind as ``estimate`` predicts them, plus the shared arena ranks on one host add."""
+    held = formulas.engine_bytes(setup)
+    arena = formulas.engine_bytes(dataclasses.replace(setup, shared_arena=True))["comm"] - held["comm"]
+    return {**{kind: held[kind] for kind in KINDS}, "arena": arena}
+
+
+def draw_bar(ax, x: float, held: dict, measured: bool) -> float:
+    """Stack one bar of KiB by kind at ``x``; return its top."""
+    bottom = 0.0
+    for kind in (*KINDS, "arena"):
+        if kind in held:
+            colour = ARENA if kind == "arena" else COLOURS[kind]
+            ax.bar(
+                x,
+                held[kind] / 1024,
+                0.34,
+                bottom=bottom,
+                color=colour,
+                edgecolor="black",
+                hatch="//" if measured else None,
+            )
+            bottom += held[kind] / 1024
+    return bottom
 
 
 def memory_figure(args, path: str) -> None:
-    """Bars per stage: predicted bytes by kind, and beside them the measured ones if asked."""
+    """Bars per stage: predicted bytes by kind (the shared arena on top), and the measured ones if asked."""
     plt = pyplot()
-    kinds = ("params", "grads", "master", "optimizer", "comm")
-    colours = dict(zip(kinds, ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd")))
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for stage, setup in model_setups(args):
-        if args.measure:  # the measured run is on this host, so stages 2-3 use the shared arena
-            setup = dataclasses.replace(setup, shared_arena=True)
-        columns = [("predicted", formulas.engine_bytes(setup))]
+    for stage, setup in options.model_setups(args):
+        columns = [("p", predicted_bytes(setup))]
         if args.measure:
-            columns.append(("measured", measured_bytes(args, stage)["now"]))
+            columns.append(("m", measured_bytes(args, stage)))
         for offset, (label, held) in enumerate(columns):
-            x, bottom = stage + (offset - 0.5 * (len(columns) - 1)) * 0.38, 0.0
-            for kind in kinds:
-                ax.bar(
-                    x,
-                    held[kind] / 1024,
-                    0.34,
-                    bottom=bottom,
-                    color=colours[kind],
-                    edgecolor="black",
-                    hatch="//" if label == "measured" else None,
-                )
-                bottom += held[kind] / 1024
-            ax.text(x, bottom, label[0], ha="center", va="bottom", fontsize=8)
+            x = stage + (offset - 0.5 * (len(columns) - 1)) * 0.38
+            top = draw_bar(ax, x, held, measured=label == "m")
+            if args.measure:
+                ax.text(x, top, label, ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(STAGES), [f"stage {s}" for s in STAGES])
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.06)  # room for the p and m labels
     ax.set_ylabel("KiB per rank")
-    ax.set_title(f"{args.model}, {args.ranks} ranks, {args.precision}, {args.reduction}: p = predicted, m = measured")
-    ax.legend([plt.Rectangle((0, 0), 1, 1, color=colours[k]) for k in kinds], kinds)
+    measured = "; p = predicted, m = measured here (hatched)" if args.measure else ": predicted"
+    ax.set_title(f"{args.model}, {args.ranks} ranks, {args.precision}, {args.reduction}{measured}")
+    names = [*KINDS, "comm: shared arena\n(all ranks on one host)"]
+    ax.legend([plt.Rectangle((0, 0), 1, 1, color=c) for c in (*COLOURS.values(), ARENA)], names)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
+
+
+FIGURES = {
+    "partition": lambda args: partition_figure(args.params, args.ranks, args.output),
+    "memory": lambda args: memory_figure(args, args.output),
+}

@@ -15,50 +15,53 @@ import time
 import numpy as np
 
 from mpizero.checkpoint import store as checkpoint
-from mpizero.checkpoint.flags import keep_count
-from mpizero.comm.agree import ZeroError
+from mpizero.cli import options
 from mpizero.core import faults, formulas
-from mpizero.core.arrays import DEVICES, device_module, to_device
+from mpizero.core.arrays import device_module, to_device
 from mpizero.core.engine import ZeroEngine
 from mpizero.core.memory import format_bytes
 from mpizero.core.optim import OPTIMIZERS
 from mpizero.core.precision import PRECISIONS
-from mpizero.core.stages import STAGES, sharding
-from mpizero.training.mlp import MLP
 from mpizero.training.model import param_shapes
+from mpizero.training.registry import Size, entry
 from mpizero.training.trainer import Trainer, make_groups
-from mpizero.training.transformer import Transformer
 
-DEFAULT_BUCKET_ELEMS = 1 << 21  # 8 MiB of float32; see README for the measurement behind it
+OUTPUTS = {"save_params": "--save-params", "memory_json": "--memory-json"}
+MIN_MICRO_BATCHES = 4
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="mlp", choices=["mlp", "transformer"])
-    parser.add_argument("--device", default="cpu", choices=DEVICES, help="gpu: CuPy arrays (fp32 or fp16)")
-    parser.add_argument("--stage", type=int, default=2, choices=sorted(STAGES))
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--global-batch", type=int, default=64, help="samples (sequences) per step, all ranks")
-    parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step, all ranks")
-    parser.add_argument("--optimizer", default="adamw", choices=sorted(OPTIMIZERS))
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS))
-    parser.add_argument("--reduction", default="exact", choices=["exact", "native"])
-    parser.add_argument("--clip-norm", type=float, default=1.0, help="0 disables clipping")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--width", type=int, default=None, help="hidden width (mlp 128, transformer 64)")
-    parser.add_argument("--layers", type=int, default=2, help="hidden layers / transformer blocks")
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--block-size", type=int, default=32, help="transformer context length")
-    parser.add_argument("--loss-scale-power", type=int, default=16, help="fp16: initial loss scale 2**this")
-    parser.add_argument("--bucket-elems", type=int, default=DEFAULT_BUCKET_ELEMS)
+    options.add(parser, "model", "device", "stage", "steps")
+    parser.add_argument(
+        "--global-batch", type=options.whole(1), default=64, help="samples (sequences) per step, all ranks"
+    )
+    options.add(
+        parser,
+        "micro_batches",
+        default=None,
+        help=f"micro-batches per step, all ranks (default: the smallest divisor of --global-batch "
+        f"that is >= {MIN_MICRO_BATCHES} and >= the number of ranks)",
+    )
+    options.add(parser, "optimizer")
+    parser.add_argument("--lr", type=options.number(0, above=True), default=3e-3, help="learning rate")
+    options.add(parser, "precision", "reduction", "clip_norm", "seed", *options.SIZES)
+    parser.add_argument(
+        "--loss-scale-power", type=options.whole(0, 127), default=16, help="fp16: initial loss scale is 2**this"
+    )
+    options.add(parser, "bucket_elems")
     parser.add_argument("--no-overlap", action="store_true", help="use blocking collectives only")
-    parser.add_argument("--watchdog", type=float, default=300.0, help="seconds a collective may wait (0: off)")
-    parser.add_argument("--log-every", type=int, default=10)
-    parser.add_argument("--save-params", default=None, help="write the final fp32 master parameters (.npy)")
-    parser.add_argument("--memory-json", default=None, help="write rank 0's memory report (JSON)")
+    options.add(parser, "watchdog")
+    parser.add_argument("--log-every", type=options.whole(1), default=10, help="steps between progress lines")
+    parser.add_argument("--save-params", default=None, help="write the final fp32 master parameters here (.npy)")
+    parser.add_argument("--memory-json", default=None, help="write rank 0's memory report here (JSON)")
     parser.add_argument("--checkpoint-dir", default=None, help="save sharded checkpoints here")
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: never)")
-    parser.add_argument("--keep", type=keep_count, default=2, help="complete checkpoints to keep (>= 1)")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=options.whole(1),
+        default=None,
+        help="steps between checkpoints (needs --checkpoint-dir)",
+    )
+    parser.add_argument("--keep", type=options.whole(1), default=2, help="complete checkpoints to keep")
     parser.add_argument("--resume", default=None, help="a checkpoint, or a directory of them (newest complete)")
     parser.add_argument(
         "--resume-override",
@@ -69,51 +72,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build(args, corpus_vocab: int | None = None):
-    """Return the model the flags describe."""
-    if args.model == "mlp":
-        width = args.width or 128
-        return MLP((64, *[width] * args.layers, 10), objective="xent")
-    width = args.width or 64
-    return Transformer(corpus_vocab, args.block_size, width, args.heads, args.layers)
-
-
-def check_arguments(args, world_size: int) -> None:
-    """Raise a ZeroError naming the value for flags no run could use (the same on every rank)."""
-    problems = []
-    if args.steps < 1:
-        problems.append(f"--steps must be >= 1, got {args.steps}")
-    if args.micro_batches < 1 or args.global_batch % max(args.micro_batches, 1):
+def check(args, world_size: int) -> None:
+    """Raise a ZeroError naming every flag no run could use; choose --micro-batches if it was not given."""
+    problems = options.model_problems(args) + options.device_problems(args)
+    if args.global_batch < world_size:
+        problems.append(f"--global-batch {args.global_batch} is smaller than the {world_size} ranks")
+    elif args.micro_batches is None:
+        least = min(max(MIN_MICRO_BATCHES, world_size), args.global_batch)
+        args.micro_batches = next(m for m in range(least, args.global_batch + 1) if args.global_batch % m == 0)
+    elif args.global_batch % args.micro_batches:
         problems.append(f"--global-batch {args.global_batch} must split into --micro-batches {args.micro_batches}")
-    if args.micro_batches < world_size:
+    elif args.micro_batches < world_size:
         problems.append(f"--micro-batches {args.micro_batches} is fewer than the {world_size} ranks")
-    if args.lr <= 0 or args.clip_norm < 0 or args.bucket_elems < 1 or args.layers < 1:
-        problems.append("--lr, --bucket-elems and --layers must be positive and --clip-norm >= 0")
-    if args.device == "gpu" and args.precision == "bf16":
-        problems.append("--precision bf16 is not available with --device gpu (CuPy has no bfloat16)")
-    if problems:
-        raise ZeroError("; ".join(problems))
+    if (args.checkpoint_dir is None) != (args.checkpoint_every is None):
+        problems.append("--checkpoint-dir and --checkpoint-every go together: give both or neither")
+    options.raise_problems(problems)
 
 
 DATA_SETTINGS = ("model", "seed", "global_batch", "micro_batches", "block_size")
 
 
 def run(args, comm) -> int:
-    from mpizero.training.datasets import Corpus, Digits
-
-    check_arguments(args, comm.Get_size())
-    data = Digits.load() if args.model == "mlp" else Corpus.load()
-    model = build(args, None if args.model == "mlp" else len(data.alphabet))
+    task = entry(args.model, Size.of(args))
+    data = task.load()
+    model = task.build(data)
     precision = PRECISIONS[args.precision]
     xp = device_module(args.device)
     engine = make_engine(args, model, precision, comm, xp)
     trainer = Trainer(model, engine, precision, 2.0**args.loss_scale_power)
     first_step = resume(args, engine, trainer) + 1 if args.resume else 1
     size = args.global_batch // args.micro_batches
-    if args.model == "mlp":
-        batch = lambda m, step: data.micro_batch(args.seed, step, m, size, args.micro_batches)  # noqa: E731
-    else:
-        batch = lambda m, step: data.micro_batch(args.seed, step, m, size, args.block_size)  # noqa: E731
+
+    def batch(m: int, step: int):
+        return to_device(task.micro_batch(data, args.seed, step, m, size, args.micro_batches), xp)
+
     rank0 = comm.Get_rank() == 0
     if rank0:
         print(
@@ -125,18 +117,18 @@ def run(args, comm) -> int:
         faults.maybe_kill("step", step, comm.Get_rank())
         engine.collectives.traffic.clear()
         start = time.perf_counter()
-        report = trainer.step(lambda m, step=step: to_device(batch(m, step), xp), args.micro_batches)
+        report = trainer.step(lambda m, step=step: batch(m, step), args.micro_batches)
         elapsed = time.perf_counter() - start
         if rank0 and (step % args.log_every == 0 or step in (first_step, args.steps)):
-            print(progress_line(args, step, report, elapsed, engine.memory()), flush=True)
-        if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0:
+            print(progress_line(args, task, step, report, elapsed, engine.memory()), flush=True)
+        if args.checkpoint_dir and step % args.checkpoint_every == 0:
             path = checkpoint.save(engine, args.checkpoint_dir, training_state(args, step, engine, trainer), args.keep)
             if rank0:
                 print(f"saved {path}", flush=True)
     master = engine.master_params()
     if rank0:
         print_accounting(engine, -(-args.micro_batches // comm.Get_size()))
-        evaluate(args, model, data, master)
+        print(task.evaluate(model, data, master))
         if args.save_params:
             save_flat(args.save_params, model, master)
         if args.memory_json:
@@ -150,12 +142,11 @@ def make_engine(args, model, precision, comm, xp) -> ZeroEngine:
         to_device(model.init(args.seed), xp),
         OPTIMIZERS[args.optimizer](lr=args.lr),
         comm=comm,
-        groups=make_groups(model, sharding(args.stage).params, args.bucket_elems),
+        groups=make_groups(model, args.stage, args.bucket_elems),
         stage=args.stage,
         reduction=args.reduction,
-        param_dtype=precision.param_dtype.name,
         clip_norm=args.clip_norm or None,
-        on_nonfinite="skip" if precision.loss_scaling else "raise",
+        **precision.engine_settings(),
         overlap=not args.no_overlap,
         watchdog=args.watchdog or None,
     )
@@ -214,15 +205,15 @@ def resume(args, engine, trainer) -> int:
     return state["step"]
 
 
-def progress_line(args, step: int, report, elapsed: float, held: dict) -> str:
+def progress_line(args, task, step: int, report, elapsed: float, held: dict) -> str:
     """One line of progress: step, loss, throughput, step time, bytes this rank holds."""
-    per_sample, unit = (args.block_size, "tokens") if args.model == "transformer" else (1, "samples")
     skipped = "  (skipped)" if report.skipped else ""
     scale = f"  scale {report.loss_scale:g}" if args.precision == "fp16" else ""
     memory = " ".join(f"{kind} {nbytes / 1024:.0f}K" for kind, nbytes in held.items())
+    rate = args.global_batch * task.samples_per_item / elapsed
     return (
         f"step {step:>5}  loss {report.loss:.4f}{skipped}{scale}  "
-        f"{args.global_batch * per_sample / elapsed:,.0f} {unit}/s  {elapsed * 1e3:.1f} ms  held/rank {memory}"
+        f"{rate:,.0f} {task.unit}/s  {elapsed * 1e3:.1f} ms  held/rank {memory}"
     )
 
 
@@ -236,49 +227,23 @@ def print_accounting(engine, rounds: int) -> None:
         + f"  total {format_bytes(report['peak_total'])}  (process peak RSS {format_bytes(report['rss'])})"
     )
     traffic = engine.collectives.traffic
-    predicted = formulas.traffic_per_step(formula_setup(engine), rounds)
+    predicted = formulas.traffic_per_step(formulas.formula_setup(engine), rounds)
     moved = "  ".join(
         f"{op} {format_bytes(traffic.sent[op])} (formula {format_bytes(b)})" for op, b in predicted.items()
     )
     print(f"sent per step:     {moved}  agreement {format_bytes(traffic.sent['agreement'])}")
 
 
-def formula_setup(engine) -> formulas.Setup:
-    """The ``formulas.Setup`` describing a live engine."""
-    return formulas.Setup(
-        tuple(g.layout.numel for g in engine.groups),
-        engine.comm.Get_size(),
-        engine.config.stage,
-        engine.groups[0].param_dtype.itemsize,
-        engine.reduction.wire_dtype.itemsize,
-        len(engine.optimizer.state_names),
-        engine.config.align,
-        engine.collectives.shared and engine.groups[0].xp is np,
-    )
-
-
-def evaluate(args, model, data, master) -> None:
-    """Print the held-out figure the README quotes for this model."""
-    from mpizero.training.model import forward_backward
-
-    if args.model == "mlp":
-        x, y = data.held_out()
-        out = x
-        for unit in model.units:
-            out, _ = unit.forward(out, master)
-        print(f"held-out accuracy: {np.mean(out.argmax(axis=1) == y):.4f} on {len(y)} digits")
-    else:
-        x, y = data.held_out(args.block_size)
-        loss, _ = forward_backward(model, master, x, y)
-        print(f"held-out loss: {loss:.4f} nats/char (unigram entropy {data.unigram_entropy():.4f})")
-
-
 def save_flat(path: str, model, master: dict) -> None:
     """Write every parameter, in model order, as one flat float32 .npy; atomically."""
     flat = np.concatenate([master[name].reshape(-1) for name in param_shapes(model)])
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.save(f, flat)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            np.save(f, flat)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):  # the write failed part-way: leave nothing behind
+            os.unlink(tmp)

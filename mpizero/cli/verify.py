@@ -11,13 +11,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from mpi4py import MPI
 
-from mpizero.core.arrays import DEVICES, bits, device_module, to_device, to_host
+from mpizero.cli import options
+from mpizero.core.arrays import bits, device_module, to_device, to_host
 from mpizero.core.engine import ZeroEngine
 from mpizero.core.memory import format_bytes
 from mpizero.core.optim import OPTIMIZERS
 from mpizero.core.precision import PRECISIONS, LossScaler
 from mpizero.core.reference import Reference
-from mpizero.core.stages import STAGES, sharding
+from mpizero.core.stages import STAGES
 from mpizero.core.torch_semantics import DocumentedOptimizer
 from mpizero.training.mlp import MLP, regression_batch
 from mpizero.training.trainer import Trainer, make_groups, reference_step
@@ -33,22 +34,29 @@ MICRO_BATCHES_PER_RANK = 3  # so a rank that loses one of its own micro-batches 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--stage", default="all", choices=[*map(str, STAGES), "all"])
-    parser.add_argument("--model", default="mlp", choices=["mlp", "transformer"])
-    parser.add_argument("--device", default="cpu", choices=DEVICES, help="gpu: CuPy arrays, reference on the GPU")
-    parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZERS))
-    parser.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS))
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--reduction", default="exact", choices=["exact", "native"])
     parser.add_argument(
-        "--micro-batches", type=int, default=None, help="global micro-batches per step (default: 3 per rank)"
+        "--stage", default="all", choices=[*map(str, STAGES), "all"], help="the ZeRO stage to verify, or all"
     )
-    parser.add_argument("--batch", type=int, default=8, help="samples per micro-batch")
-    parser.add_argument("--clip-norm", type=float, default=1.0, help="0 disables clipping")
-    parser.add_argument("--bucket-elems", type=int, default=500, help="stages 0-2: elements per gradient bucket")
+    options.add(parser, "model", help="mlp: a 13-31-29-5 regression MLP; transformer: 2 blocks of width 16")
+    options.add(parser, "device", help="cpu: NumPy; gpu: CuPy arrays, the reference on the GPU too")
+    options.add(parser, "optimizer", default="adam")
+    options.add(parser, "precision", "reduction")
+    options.add(parser, "steps", default=10, help="steps, each compared with the reference")
+    options.add(parser, "seed")
+    options.add(parser, "micro_batches", default=None, help="micro-batches per step, all ranks (default: 3 per rank)")
+    parser.add_argument("--batch", type=options.whole(1), default=8, help="samples per micro-batch")
+    options.add(parser, "clip_norm")
+    options.add(parser, "bucket_elems", default=500)
     parser.add_argument("--perturb-rank", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--watchdog", type=float, default=300.0, help="seconds a collective may wait (0: off)")
+    options.add(parser, "watchdog")
+
+
+def check(args, world_size: int) -> None:
+    """Raise a ZeroError for settings no verification could use (ranges are checked while parsing)."""
+    options.raise_problems(options.device_problems(args))
+
+
+OUTPUTS: dict[str, str] = {}
 
 
 def build_model(name: str):
@@ -140,13 +148,8 @@ def build_runs(stage: int, args, comm, model, precision):
     """The engine and its trainer, the single-rank reference, and torch.optim's documented optimizer."""
     params = to_device(model.init(args.seed), device_module(args.device))
     optimizer = make_optimizer(args.optimizer)
-    numerics = dict(
-        param_dtype=precision.param_dtype.name,
-        watchdog=args.watchdog or None,
-        clip_norm=args.clip_norm or None,
-        on_nonfinite="skip" if precision.loss_scaling else "raise",
-    )
-    groups = make_groups(model, sharding(stage).params, args.bucket_elems)
+    numerics = dict(precision.engine_settings(), watchdog=args.watchdog or None, clip_norm=args.clip_norm or None)
+    groups = make_groups(model, stage, args.bucket_elems)
     engine = ZeroEngine(params, optimizer, comm=comm, groups=groups, stage=stage, reduction=args.reduction, **numerics)
     reference = RecordingReference(params, optimizer, args.reduction, **{k: numerics[k] for k in REFERENCE_SETTINGS})
     host_params = {n: to_host(p) for n, p in params.items()}

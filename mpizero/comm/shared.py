@@ -21,7 +21,8 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-CHUNK = 1 << 15  # elements summed at a time: the running sum stays in cache
+from mpizero.core.arrays import CHUNK
+
 SHM_DIR = "/dev/shm"  # where MPICH and Open MPI back shared windows on Linux
 HEADROOM = 1.25  # the window's own bookkeeping, and other users of the same tmpfs
 

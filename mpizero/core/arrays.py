@@ -6,6 +6,8 @@ import numpy as np
 
 from mpizero.core.errors import ZeroError
 
+CHUNK = 1 << 15  # elements per host chunk: a loop's float64 and int64 temporaries stay in cache
+
 
 def is_device_array(a) -> bool:
     """True for a GPU buffer (CuPy or anything exporting ``__cuda_array_interface__``)."""

@@ -20,10 +20,9 @@ import math
 
 import numpy as np
 
-from mpizero.core.arrays import array_module
+from mpizero.core.arrays import CHUNK, array_module
 
 SUM_BITS = 62
-CHUNK = 1 << 15  # elements per host chunk: float64 and int64 temporaries stay in L2
 FLOAT32_BITS = 24
 
 

@@ -92,3 +92,19 @@ def paper_traffic_elements(psi: float, ranks: int, stage: int) -> float:
     """The paper's per-rank volume in elements: 2Psi (stages 0-2) or 3Psi (stage 3), times (N-1)/N."""
     passes = 3 if sharding(stage).params else 2  # stage 3 also gathers parameters in backward
     return passes * psi * (ranks - 1) / ranks
+
+
+def formula_setup(engine) -> Setup:
+    """The ``Setup`` describing a live engine."""
+    import numpy as np  # only to tell host buffers from device ones
+
+    return Setup(
+        tuple(g.layout.numel for g in engine.groups),
+        engine.comm.Get_size(),
+        engine.config.stage,
+        engine.groups[0].param_dtype.itemsize,
+        engine.reduction.wire_dtype.itemsize,
+        len(engine.optimizer.state_names),
+        engine.config.align,
+        engine.collectives.shared and engine.groups[0].xp is np,
+    )

@@ -14,7 +14,6 @@ import resource
 import sys
 
 KINDS = ("params", "gathered", "grads", "master", "optimizer", "comm")
-MODEL_STATES = ("params", "grads", "master", "optimizer")
 
 
 class MemoryLog:

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpizero.core.arrays import array_module
-
-CHUNK = 1 << 15  # elements per host chunk: an update's temporaries stay in cache
+from mpizero.core.arrays import CHUNK, array_module
 
 
 def chunks(param):

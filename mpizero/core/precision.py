@@ -16,27 +16,24 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Precision:
-    """How one precision mode holds parameters and gradients."""
+    """How one precision mode holds parameters and gradients, and where it runs."""
 
     name: str
     param_dtype: np.dtype
     grad_dtype: np.dtype
     loss_scaling: bool
+    on_gpu: bool  # CuPy has no bfloat16
+
+    def engine_settings(self) -> dict:
+        """The ``ZeroEngine`` settings this precision needs: the param dtype, and skipping overflowed steps."""
+        return {"param_dtype": self.param_dtype.name, "on_nonfinite": "skip" if self.loss_scaling else "raise"}
 
 
 PRECISIONS = {
-    "fp32": Precision("fp32", np.dtype(np.float32), np.dtype(np.float32), False),
-    "bf16": Precision("bf16", np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32), False),
-    "fp16": Precision("fp16", np.dtype(np.float16), np.dtype(np.float16), True),
+    "fp32": Precision("fp32", np.dtype(np.float32), np.dtype(np.float32), False, True),
+    "bf16": Precision("bf16", np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32), False, False),
+    "fp16": Precision("fp16", np.dtype(np.float16), np.dtype(np.float16), True, True),
 }
-
-
-def precision(name: str) -> Precision:
-    """Return the named precision, or raise naming the valid ones."""
-    try:
-        return PRECISIONS[name]
-    except KeyError:
-        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {name!r}") from None
 
 
 @dataclass

@@ -17,7 +17,6 @@ from mpizero.core import exact
 class ExactReduction:
     """Fixed-point sum with one power-of-two scale per tensor and step."""
 
-    name = "exact"
     wire_dtype = np.dtype(np.int64)
     bitwise = True
     result_can_overflow = False  # the mean of values below the agreed maximum is below it
@@ -39,7 +38,6 @@ class ExactReduction:
 class NativeReduction:
     """Float32 sum by MPI's own SUM; divided by the count afterwards."""
 
-    name = "native"
     wire_dtype = np.dtype(np.float32)
     bitwise = False
     result_can_overflow = True  # a float32 sum of finite values can reach inf

@@ -23,12 +23,15 @@ import numpy as np
 from mpizero.comm import agree
 from mpizero.core.partition import split_evenly
 from mpizero.core.precision import LossScaler, Precision
+from mpizero.core.stages import groups_by_unit
 from mpizero.training.model import forward_backward, param_shapes, unit_names
 
+DEFAULT_BUCKET_ELEMS = 1 << 21  # 8 MiB of float32; see README for the measurement behind it
 
-def make_groups(model, by_unit: bool, bucket_elems: int) -> list[list[str]]:
-    """Stage 3: one group per unit. Otherwise buckets of up to ``bucket_elems`` in backward order."""
-    if by_unit:
+
+def make_groups(model, stage: int, bucket_elems: int) -> list[list[str]]:
+    """One group per unit where the stage gathers unit by unit; else buckets of up to ``bucket_elems``, backward order."""
+    if groups_by_unit(stage):
         return unit_names(model)
     shapes = param_shapes(model)
     buckets, current, size = [], [], 0

@@ -11,10 +11,9 @@ import numpy as np
 from mpi4py import MPI
 
 from mpizero import Adam, ZeroEngine
-from mpizero.cli.train import formula_setup
 from mpizero.core import formulas
 from mpizero.core.precision import PRECISIONS
-from mpizero.core.stages import STAGES, sharding
+from mpizero.core.stages import STAGES, groups_by_unit
 from mpizero.training.mlp import MLP, regression_batch
 from mpizero.training.trainer import Trainer, make_groups
 from mpizero.training.transformer import Transformer
@@ -43,7 +42,7 @@ for model in (mlp, transformer):
                     model.init(0),
                     Adam(lr=1e-3),
                     comm=comm,
-                    groups=make_groups(model, sharding(stage).params, 300),
+                    groups=make_groups(model, stage, 300),
                     stage=stage,
                     reduction=reduction,
                     param_dtype=precision.param_dtype.name,
@@ -52,7 +51,7 @@ for model in (mlp, transformer):
                 trainer.step(lambda m, model=model: batch(model, 1, m), MICRO_BATCHES)
                 engine.collectives.traffic.clear()
                 trainer.step(lambda m, model=model: batch(model, 2, m), MICRO_BATCHES)
-                setup = formula_setup(engine)
+                setup = formulas.formula_setup(engine)
                 held = engine.memory()
                 assert held == formulas.engine_bytes(setup), (stage, precision_name, reduction, held)
                 sent = engine.collectives.traffic.sent
@@ -67,7 +66,7 @@ for model in (mlp, transformer):
                     expected = formulas.paper_traffic_elements(padded, size, stage)
                     assert abs(elements - expected) <= len(setup.group_numels) * 2, (stage, elements, expected)
                 peak = engine.memory_report()["peak"]
-                if sharding(stage).params:
+                if groups_by_unit(stage):
                     two_largest = sorted(p.padded_numel for p in setup.partitions())[-2:]
                     assert 0 < peak["gathered"] <= sum(two_largest) * setup.param_bytes
                 else:

@@ -38,7 +38,7 @@ for name, (model, batch) in MODELS.items():
                 model.init(7),
                 AdamW(lr=1e-2),
                 comm=comm,
-                groups=make_groups(model, sharding(stage).params, bucket_elems=700),
+                groups=make_groups(model, stage, bucket_elems=700),
                 stage=stage,
                 param_dtype=precision.param_dtype.name,
                 clip_norm=0.5,

@@ -11,7 +11,6 @@ import pytest
 from mpizero import STAGES, AdamW, Reference, ZeroEngine
 from mpizero.cli import example
 from mpizero.core.precision import PRECISIONS
-from mpizero.core.stages import sharding
 from mpizero.training.mlp import MLP, regression_batch
 from mpizero.training.trainer import Trainer, make_groups, reference_step
 
@@ -34,7 +33,7 @@ def test_worked_example_prints_the_readme_numbers(comm, capsys, stage):
 @pytest.mark.parametrize("stage", STAGES)
 def test_trainer_on_a_tiny_mlp_matches_the_reference_step(comm, stage):
     precision, optimizer = PRECISIONS["fp32"], AdamW(lr=1e-2)
-    groups = make_groups(MODEL, sharding(stage).params, bucket_elems=40)
+    groups = make_groups(MODEL, stage, bucket_elems=40)
     engine = ZeroEngine(MODEL.init(3), optimizer, comm=comm, groups=groups, stage=stage)
     trainer, reference = Trainer(MODEL, engine, precision), Reference(MODEL.init(3), optimizer)
     for step in range(1, 3):

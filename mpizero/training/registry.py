@@ -1,0 +1,126 @@
+"""The models the command line trains and estimates, by name: how each is built from the size flags, fed and judged.
+
+``MODELS`` is the one table: ``train``, ``estimate`` and ``plot`` take their
+``--model`` choices from it and ask the entry, never the name, what to do.
+Every entry has the same interface: ``problems()`` (what is wrong with the
+sizes), ``load()`` (its data), ``build(data)``, ``micro_batch(...)``,
+``samples_per_item`` and ``unit`` (for throughput), and ``evaluate(...)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from mpizero.core import formulas
+from mpizero.core.optim import OPTIMIZERS
+from mpizero.core.precision import PRECISIONS
+from mpizero.core.reduction import REDUCTIONS
+from mpizero.core.stages import STAGES
+from mpizero.training.datasets import Corpus, Digits
+from mpizero.training.mlp import MLP
+from mpizero.training.model import forward_backward, param_shapes
+from mpizero.training.trainer import make_groups
+from mpizero.training.transformer import Transformer
+
+
+@dataclass(frozen=True)
+class Size:
+    """The size flags: hidden width (None: the model's default), layers or blocks, heads, context length."""
+
+    width: int | None = None
+    layers: int = 2
+    heads: int = 4
+    block_size: int = 32
+
+    @classmethod
+    def of(cls, args) -> Size:
+        """The sizes a parsed command line names."""
+        return cls(args.width, args.layers, args.heads, args.block_size)
+
+
+class DigitsMLP:
+    """An MLP on 8x8 handwritten digits: 64 inputs, ``layers`` hidden ReLU layers, 10 classes."""
+
+    default_width = 128
+    unit = "samples"
+    samples_per_item = 1
+
+    def __init__(self, size: Size) -> None:
+        self.size = size
+        self.width = size.width or self.default_width
+
+    def problems(self) -> list[str]:
+        return []
+
+    def load(self) -> Digits:
+        return Digits.load()
+
+    def build(self, data: Digits) -> MLP:
+        return MLP((data.x.shape[1], *[self.width] * self.size.layers, 10), objective="xent")
+
+    def micro_batch(self, data: Digits, seed: int, step: int, micro_batch: int, size: int, count: int):
+        return data.micro_batch(seed, step, micro_batch, size, count)
+
+    def evaluate(self, model: MLP, data: Digits, master: dict) -> str:
+        x, y = data.held_out()
+        out = x
+        for unit in model.units:
+            out, _ = unit.forward(out, master)
+        return f"held-out accuracy: {np.mean(out.argmax(axis=1) == y):.4f} on {len(y)} digits"
+
+
+class TextTransformer:
+    """A character-level transformer on the shipped text corpus: ``layers`` blocks of ``heads`` heads."""
+
+    default_width = 64
+    unit = "tokens"
+
+    def __init__(self, size: Size) -> None:
+        self.size = size
+        self.width = size.width or self.default_width
+
+    @property
+    def samples_per_item(self) -> int:
+        return self.size.block_size
+
+    def problems(self) -> list[str]:
+        if self.width % self.size.heads:
+            return [f"--width {self.width} must be a multiple of --heads {self.size.heads}"]
+        return []
+
+    def load(self) -> Corpus:
+        return Corpus.load()
+
+    def build(self, data: Corpus) -> Transformer:
+        return Transformer(len(data.alphabet), self.size.block_size, self.width, self.size.heads, self.size.layers)
+
+    def micro_batch(self, data: Corpus, seed: int, step: int, micro_batch: int, size: int, count: int):
+        return data.micro_batch(seed, step, micro_batch, size, self.size.block_size)
+
+    def evaluate(self, model: Transformer, data: Corpus, master: dict) -> str:
+        x, y = data.held_out(self.size.block_size)
+        loss, _ = forward_backward(model, master, x, y)
+        return f"held-out loss: {loss:.4f} nats/char (unigram entropy {data.unigram_entropy():.4f})"
+
+
+MODELS = {"mlp": DigitsMLP, "transformer": TextTransformer}
+
+
+def entry(name: str, size: Size):
+    """The named model at the given sizes."""
+    return MODELS[name](size)
+
+
+def formula_setups(model, ranks: int, precision: str, reduction: str, optimizer: str, bucket_elems: int):
+    """Yield ``(stage, formulas.Setup)`` for ``model`` trained as these settings say, at every stage."""
+    shapes = param_shapes(model)
+    states = len(OPTIMIZERS[optimizer](lr=1.0).state_names)
+    param_bytes = PRECISIONS[precision].param_dtype.itemsize
+    wire_bytes = REDUCTIONS[reduction].wire_dtype.itemsize
+    for stage in STAGES:
+        groups = make_groups(model, stage, bucket_elems)
+        numels = tuple(sum(math.prod(shapes[n]) for n in names) for names in groups)
+        yield stage, formulas.Setup(numels, ranks, stage, param_bytes, wire_bytes, states)
