@@ -30,7 +30,7 @@ DEFAULT_BUCKET_ELEMS = 1 << 21  # 8 MiB of float32; see README for the measureme
 
 
 def make_groups(model, stage: int, bucket_elems: int) -> list[list[str]]:
-    """One group per unit where the stage gathers unit by unit; else buckets of up to ``bucket_elems``, backward order."""
+    """One group per unit at stage 3 (gathered unit by unit); else buckets of ``bucket_elems``, backward order."""
     if groups_by_unit(stage):
         return unit_names(model)
     shapes = param_shapes(model)
