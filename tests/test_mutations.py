@@ -45,8 +45,8 @@ MUTATIONS = {
     ),
     "padding of the parameters not zeroed": (
         "core/group.py",
-        "full = xp.zeros(partition.padded_numel, dtype=np.float32)",
-        "full = xp.full(partition.padded_numel, 0.5, dtype=np.float32)  # stale data in the padding",
+        "full = xp.zeros(self.partition.padded_numel, dtype=np.float32)",
+        "full = xp.full(self.partition.padded_numel, 0.5, dtype=np.float32)  # stale data in the padding",
         3,
         ["--stage", "3"],
     ),

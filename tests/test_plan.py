@@ -1,7 +1,6 @@
 """The stage plan, the step's state machine, the communication paths and the launch check: plain pytest, no MPI."""
 
 import pytest
-from mpi4py import MPI
 
 from mpizero.comm import launch, paths
 from mpizero.core.errors import ZeroError
@@ -83,13 +82,17 @@ def test_reduce_scatter_path_is_settled_and_refused_where_it_cannot_work():
 )
 def test_a_one_rank_world_started_as_several_processes_is_refused(environ):
     with pytest.raises(ZeroError, match="1-rank MPI world, but the launcher started more"):
-        launch.refuse_split_launch(MPI.COMM_SELF, environ=environ)
+        launch.refuse_split_launch(environ=environ, world_size=1)
 
 
 @pytest.mark.parametrize("environ", [{}, {"PMI_SIZE": "1", "PMI_RANK": "0"}, {"SLURM_NTASKS": "4"}])
 def test_a_true_singleton_runs(environ):
-    launch.refuse_split_launch(MPI.COMM_SELF, environ=environ)
+    launch.refuse_split_launch(environ=environ, world_size=1)
 
 
 def test_an_intended_singleton_may_run_anyway():
-    launch.refuse_split_launch(MPI.COMM_SELF, allow_singleton=True, environ={"PMI_SIZE": "4"})
+    launch.refuse_split_launch(allow_singleton=True, environ={"PMI_SIZE": "4"}, world_size=1)
+
+
+def test_a_larger_world_is_never_refused():
+    launch.refuse_split_launch(environ={"PMI_SIZE": "4", "PMI_RANK": "3"}, world_size=4)

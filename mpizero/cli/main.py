@@ -89,7 +89,7 @@ def check_outputs(args, outputs: dict[str, str], comm) -> None:
 def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     try:
-        launch.refuse_split_launch(comm)
+        launch.refuse_split_launch()
         args = make_parser().parse_args(argv)
         module = COMMANDS[args.command]
         module.check(args, comm.Get_size())

@@ -27,9 +27,16 @@ def launcher_signs(environ=os.environ) -> list[str]:
     return signs
 
 
-def refuse_split_launch(comm, allow_singleton: bool = False, environ=os.environ) -> None:
-    """Raise a ZeroError if this 1-rank world was started as one of several processes."""
-    if allow_singleton or comm.Get_size() > 1:
+def refuse_split_launch(allow_singleton: bool = False, environ=os.environ, world_size: int | None = None) -> None:
+    """Raise a ZeroError if this process's MPI world has one rank but was started as one of several processes.
+
+    ``world_size`` defaults to ``MPI.COMM_WORLD``'s: an engine on a 1-rank sub-communicator of a larger job is fine.
+    """
+    if world_size is None:
+        from mpi4py import MPI
+
+        world_size = MPI.COMM_WORLD.Get_size()
+    if allow_singleton or world_size > 1:
         return
     signs = launcher_signs(environ)
     if signs:

@@ -65,7 +65,7 @@ class ZeroEngine:
     ) -> None:
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.config = ZeroConfig(**settings)
-        launch.refuse_split_launch(self.comm, self.config.allow_singleton)
+        launch.refuse_split_launch(self.config.allow_singleton)
         self.optimizer = optimizer
         self.reduction = REDUCTIONS[self.config.reduction]
         self.names = list(params)
