@@ -12,6 +12,7 @@ length on every rank, and every rank makes the same calls in the same order.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import sys
@@ -39,12 +40,21 @@ class Traffic:
     received: Counter = field(default_factory=Counter)
 
     def record(self, op: str, full_bytes: int, world_size: int) -> None:
-        """Count one call on a full (unsharded) buffer of ``full_bytes``."""
+        """Count one call on a full (unsharded) buffer of ``full_bytes``; an all-reduce makes two passes."""
         factor = 2 if op == "allreduce" else 1
         moved = factor * full_bytes * (world_size - 1) // world_size
         self.calls[op] += 1
         self.sent[op] += moved
         self.received[op] += moved
+
+    def record_control(self, payload: int, received: int) -> None:
+        """Count one small control call (``agreement``): the payload this rank hands in, and what it gets back.
+
+        A reduction or broadcast gets back one payload whatever the number of ranks; a gather gets every rank's.
+        """
+        self.calls["agreement"] += 1
+        self.sent["agreement"] += payload
+        self.received["agreement"] += received
 
     def clear(self) -> None:
         for counter in (self.calls, self.sent, self.received):
@@ -128,17 +138,22 @@ class Collectives:
         """Bytes of the arena stages 2-3 share (0 if none)."""
         return self.arenas["bucket"].nbytes if "bucket" in self.arenas else 0
 
-    def agree(self, local: np.ndarray, everyone: np.ndarray) -> None:
-        """Allgather a small float64 vector of per-rank facts (counts, flags, maxima)."""
-        self.traffic.record("agreement", everyone.nbytes, self.comm.Get_size())
+    def agree(self, local: np.ndarray) -> np.ndarray:
+        """Reduce a small float64 vector of per-rank facts: entry 0 summed (a count), the rest maxed (flags, maxima).
+
+        One all-reduce whose size does not depend on the number of ranks; NaN in any rank's entry stays NaN.
+        """
+        total = np.empty_like(local)
+        self.traffic.record_control(local.nbytes, local.nbytes)
         with self.watchdog.waiting("agreement"):
-            self.comm.Allgather(local, everyone)
+            self.comm.Allreduce(local, total, op=_sum_first_max_rest())
+        return total
 
     # Small control messages: Python objects and scalars, counted as ``agreement`` traffic.
 
     def allgather_object(self, value, what: str) -> list:
         """Every rank's ``value``, in rank order, on every rank."""
-        return self._control(f"allgather of {what}", value, lambda: self.comm.allgather(value))
+        return self._control(f"allgather of {what}", value, lambda: self.comm.allgather(value), gathers=True)
 
     def bcast_object(self, value, what: str, root: int = 0):
         """Rank ``root``'s ``value`` on every rank."""
@@ -146,18 +161,27 @@ class Collectives:
 
     def gather_object(self, value, what: str, root: int = 0) -> list | None:
         """Every rank's ``value`` in rank order on ``root``; None elsewhere."""
-        return self._control(f"gather of {what}", value, lambda: self.comm.gather(value, root=root))
+        return self._control(f"gather of {what}", value, lambda: self.comm.gather(value, root=root), gathers=True)
 
     def allreduce_value(self, value, op: MPI.Op, what: str):
         """``op`` (``MPI.MAX``, ``MPI.SUM``, ``MPI.LAND``, ...) over every rank's Python scalar."""
         return self._control(f"allreduce of {what}", value, lambda: self.comm.allreduce(value, op=op))
 
+    def allreduce_array(self, send: np.ndarray, op: MPI.Op, what: str) -> np.ndarray:
+        """``op`` over every rank's small host array (a control message: counted as agreement)."""
+        recv = np.empty_like(send)
+        self.traffic.record_control(send.nbytes, send.nbytes)
+        with self.watchdog.waiting(f"allreduce of {what}"):
+            self.comm.Allreduce(send, recv, op=op)
+        return recv
+
     def barrier(self, what: str) -> None:
         """Wait until every rank has reached this point."""
         self._control(f"barrier before {what}", None, self.comm.Barrier)
 
-    def _control(self, op: str, value, call):
-        self.traffic.record("agreement", len(pickle.dumps(value)) * self.comm.Get_size(), self.comm.Get_size())
+    def _control(self, op: str, value, call, gathers: bool = False):
+        payload = len(pickle.dumps(value))
+        self.traffic.record_control(payload, payload * (self.comm.Get_size() if gathers else 1))
         with self.watchdog.waiting(op):
             return call()
 
@@ -222,3 +246,15 @@ def _wire(a):
     if a is None or a.dtype.name not in WIRE_VIEWS:
         return a
     return a.view(WIRE_VIEWS[a.dtype.name])
+
+
+@functools.cache
+def _sum_first_max_rest() -> MPI.Op:
+    """An MPI reduction on float64 vectors: entry 0 added, the others the maximum (NaN wins)."""
+
+    def combine(incoming, inout, datatype) -> None:
+        a, b = np.frombuffer(incoming, np.float64), np.frombuffer(inout, np.float64)
+        b[0] += a[0]
+        np.maximum(a[1:], b[1:], out=b[1:])
+
+    return MPI.Op.Create(combine, commute=True)

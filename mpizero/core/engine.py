@@ -165,29 +165,29 @@ class ZeroEngine:
             return
         group = self.groups[index]
         problem = self._check_contributions(group, contributions)
-        local = np.zeros(2 + len(group.layout.specs))
+        local = np.zeros(2 + len(group.layout.specs))  # (count, problem flag, one maximum per tensor)
         local[0], local[1] = len(contributions), problem is not None
         if problem is None:
             for column, spec in enumerate(group.layout.specs, start=2):
                 local[column] = max((max_abs(grads[spec.name]) for grads in contributions), default=0.0)
-        stats = np.empty((self.comm.Get_size(), local.size))
         self.collectives.watchdog.context = f"step {self.step_number}, group {index}"
-        self.collectives.agree(local, stats)
-        if stats[:, 1].any():
+        total = self.collectives.agree(local)
+        if total[1]:
             self._abandon()
             agree.raise_if_any(self.collectives, problem, f"step {self.step_number}: bad gradients")
-        count = int(stats[:, 0].sum())
+        count = int(total[0])
         if count == 0:
             self._abandon()
             raise agree.ZeroError(f"step {self.step_number}: no rank handed in any gradients")
-        bad_ranks = [r for r in range(stats.shape[0]) if not np.isfinite(stats[r, 2:]).all()]
-        if bad_ranks:
+        if not np.isfinite(total[2:]).all():  # only now find out which ranks: the normal path gathers nothing
+            flags = self.collectives.allgather_object(not np.isfinite(local[2:]).all(), "non-finite flags")
             self._abandon(keep_step=True)
             self._tracker.skip()
+            bad_ranks = [r for r, flag in enumerate(flags) if flag]
             self._skip_or_raise(f"non-finite gradient in group {index} on ranks {bad_ranks}")
             return
         try:
-            scales = [self.reduction.scale_for(float(m), count) for m in stats[:, 2:].max(axis=0)]
+            scales = [self.reduction.scale_for(float(m), count) for m in total[2:]]
         except OverflowError as error:  # every rank computes the same scales, so every rank gets here
             self._abandon()
             raise agree.ZeroError(f"step {self.step_number}: {error}") from None

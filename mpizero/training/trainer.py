@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from mpi4py import MPI
 
 from mpizero.comm import agree
 from mpizero.core.partition import split_evenly
@@ -97,7 +98,7 @@ class Trainer:
         except Exception as error:  # a failed load stops every rank, not just this one
             problem = f"micro-batch failed to load: {type(error).__name__}: {error}"
         agree.raise_if_any(self.engine.collectives, problem, f"step {self.engine.step_number}: loading data")
-        losses, stored = {}, []
+        losses, stored = np.zeros(total), []  # one slot per global micro-batch; only its rank fills it
         for r in range(rounds):
             batch = loaded[mine[r]] if r < len(mine) else None
             loss, grads = self._forward_backward(batch, last_round=r == rounds - 1, stored=stored)
@@ -107,10 +108,8 @@ class Trainer:
         result = self.engine.finish_step()
         if self.scaler is not None:
             self.scaler.update(result.skipped)
-        everyone = {
-            m: v for part in self.engine.collectives.allgather_object(losses, "losses") for m, v in part.items()
-        }
-        loss = sum(everyone[m] for m in range(total)) / total
+        everyone = self.engine.collectives.allreduce_array(losses, MPI.SUM, "losses")  # x + 0.0 is exactly x
+        loss = sum(float(everyone[m]) for m in range(total)) / total
         return StepReport(loss, result.skipped, self.loss_scale, result.grad_norm)
 
     def _forward_backward(self, batch, last_round: bool, stored: list):
