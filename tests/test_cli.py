@@ -68,7 +68,9 @@ def test_bad_cli_value_is_rejected_by_argparse():
     assert done.returncode == 2 and "invalid choice: '5'" in done.stderr
 
 
-@pytest.mark.parametrize("setting", ["shared", "pieces", "mpi"])
+@pytest.mark.parametrize(
+    "setting", ["shared", "pieces", "mpi"], ids=["shared", "pieces", "one-call"]
+)  # "mpi" would be read as pytest-mpi's marker
 def test_verify_is_bitwise_with_either_reduce_scatter(setting):
     out = run_mpi_ok(3, ["-m", "mpizero", "verify", "--steps", "3"], env={"MPIZERO_REDUCE_SCATTER": setting})
     assert out.count(": bitwise") == 4, out

@@ -24,8 +24,8 @@ MUTATIONS = {
     ),
     "a rank's earlier micro-batches dropped": (
         "training/trainer.py",
-        "contributions = [*stored, grads] if batch is not None else stored",
-        "contributions = [grads] if batch is not None else stored",
+        "self._hand_in(g, grads if batch is not None else None, last_round)",
+        "self._hand_in(g, grads if batch is not None and last_round else None, last_round)",
         2,
         ["--stage", "2"],
     ),
@@ -71,12 +71,12 @@ def test_wire_padding_is_never_read(tmp_path):
     """Stale data in the padding of the local grads buffer cannot leak: only tensor segments are decoded.
 
     So not zeroing it is an equivalent mutant, not a bug verify could see; if this fails, padding became
-    part of a result and the zeroing in ``encode`` is load-bearing.
+    part of a result and the zeroing in ``ExactReduction.add`` is load-bearing.
     """
     mutation = (
         "core/reduction.py",
-        "local[specs[-1].stop :] = 0\n        for spec, scale",
-        "local[specs[-1].stop :] = 12345\n        for spec, scale",
+        "local[specs[-1].stop :] = 0\n        for spec, k in zip",
+        "local[specs[-1].stop :] = 12345\n        for spec, k in zip",
     )
     done = verify_copy(tmp_path, 3, ["--stage", "all"], mutation)
     assert done.returncode == 0 and done.stdout.count(": bitwise; optimizer semantics within") == 4, done.stdout

@@ -17,7 +17,7 @@ import os
 from mpizero.checkpoint import structure
 from mpizero.comm.agree import ZeroError
 
-FORMAT = "mpizero-checkpoint-2"
+FORMAT = "mpizero-checkpoint-3"
 MANIFEST = "manifest.json"
 
 

@@ -96,6 +96,7 @@ def save(engine, directory: str, training_state: dict, keep: int | None = None) 
             "pieces": [rank_pieces_of for rank_pieces_of, _ in everyone],
             "files": {name: meta for _, rank_files in everyone for name, meta in rank_files.items()},
             "training": training_state,
+            "scales": engine.scale_state(),
         }
         problem = _attempt(lambda: _publish(record, partial, final, directory, keep))
     _agree(collectives, problem, partial)
@@ -221,6 +222,7 @@ def load(engine, path: str, overrides: Collection[str] = ()) -> dict:
         problem = f"{path}: {error}"
     agree.raise_if_any(engine.collectives, problem, "cannot load checkpoint")
     engine.publish()
+    engine.restore_scale_state(saved["scales"])
     return saved["training"]
 
 

@@ -23,6 +23,7 @@ TOP_LEVEL = (
     "pieces",
     "files",
     "training",
+    "scales",
 )
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -60,6 +61,16 @@ def check(manifest: dict) -> None:
     for rank, rank_pieces in enumerate(pieces):
         _tile_rank_file(rank_pieces, rank, lengths[rank])
     _training(manifest["training"])
+    _scales(manifest["scales"], numels)
+
+
+def _scales(scales, numels: dict[str, int]) -> None:
+    """Each tensor's last true scale exponent (an integer, or null before any non-zero gradient)."""
+    if sorted(_dict(scales, "scales")) != sorted(numels):
+        raise Invalid("scales", f"must name every tensor once, got {sorted(scales)[:3]}...")
+    for name, k in scales.items():
+        if k is not None:
+            _int(k, f"scales[{name!r}]", low=-(2**16), high=2**16)
 
 
 def _tensors(tensors) -> dict[str, int]:

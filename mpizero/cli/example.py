@@ -65,11 +65,11 @@ def run(args, comm) -> int:
     with engine.gathered() as full:
         gathered = np.array(to_host(full["params"]))
     naive = Reference({"params": INITIAL_PARAMS}, SGD(lr=LR), reduction=args.reduction)
+    averaged = naive.average([{"params": g} for g in LOCAL_GRADS])["params"]
     naive.step([{"params": g} for g in LOCAL_GRADS])
     expected = naive.params["params"]
     match = gathered.tobytes() == expected.tobytes()
     if rank == 0:
-        averaged = naive.average([{"params": g} for g in LOCAL_GRADS])["params"]
         print_table(args.stage, size, group.partition, averaged, shards, gathered, expected, match)
     return 0 if engine.collectives.allreduce_value(match, MPI.LAND, "the verdict") else 1
 

@@ -13,10 +13,12 @@ import math
 import os
 
 from mpizero.core.arrays import DEVICES
+from mpizero.core.config import MAX_HEADROOM
 from mpizero.core.errors import ZeroError
 from mpizero.core.optim import OPTIMIZERS
 from mpizero.core.precision import PRECISIONS
 from mpizero.core.reduction import REDUCTIONS
+from mpizero.core.scales import HEADROOM
 from mpizero.core.stages import STAGES
 from mpizero.training.registry import MODELS, Size, entry, formula_setups
 from mpizero.training.trainer import DEFAULT_BUCKET_ELEMS
@@ -104,6 +106,22 @@ OPTIONS = {
     "heads": (["--heads"], dict(type=whole(1), default=4, help="transformer: attention heads, a divisor of --width")),
     "block_size": (["--block-size"], dict(type=whole(1), default=32, help="transformer: context length in characters")),
     "ranks": (["--ranks"], dict(type=whole(1), default=4, help="ranks to predict for")),
+    "scale_headroom": (
+        ["--scale-headroom"],
+        dict(
+            type=whole(0, MAX_HEADROOM),
+            default=HEADROOM,
+            help="exact reduction: bits of headroom in the predicted scale; a step beyond it is redone",
+        ),
+    ),
+    "accumulate": (
+        ["--accumulate"],
+        dict(
+            default="auto",
+            choices=["auto", "round", "local"],
+            help="round: reduce-scatter each micro-batch round; local: one buffer, reduced once; auto: round at 2-3",
+        ),
+    ),
 }
 SIZES = ("width", "layers", "heads", "block_size")
 MODEL_SETTINGS = ("model", *SIZES, "precision", "reduction", "optimizer", "bucket_elems")

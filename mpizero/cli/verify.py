@@ -26,7 +26,7 @@ from mpizero.training.transformer import Transformer
 
 WIDTHS = (13, 31, 29, 5)
 VOCAB = 11
-REFERENCE_SETTINGS = ("param_dtype", "clip_norm", "on_nonfinite")
+REFERENCE_SETTINGS = ("param_dtype", "clip_norm", "on_nonfinite", "scale_headroom")
 NATIVE_TOLERANCE = 1e-4
 # relative max-norm; float32 rounding drifts by up to ~2e-8 per step (README, "What verify checks")
 SEMANTICS_TOLERANCE, SEMANTICS_TOLERANCE_PER_STEP = 1e-5, 1e-7
@@ -49,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add(parser, "bucket_elems", default=500)
     parser.add_argument("--perturb-rank", type=int, default=None, help=argparse.SUPPRESS)
     options.add(parser, "watchdog")
+    options.add(parser, "scale_headroom")
 
 
 def check(args, world_size: int) -> None:
@@ -137,7 +138,7 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
         semantics.note(step, semantics_difference(engine, documented.params))
     head = (
         f"stage {stage}  ranks {size}  steps {args.steps}  model {args.model}  optimizer {args.optimizer}  "
-        f"{args.precision}  reduction {args.reduction}  {accounting(engine)}:"
+        f"{args.precision}  reduction {args.reduction}  {accounting(engine)}  redone {engine.redone_steps}:"
     )
     reference_line, reference_ok = reference_verdict(engine, worst, first_mismatch)
     semantics_line, semantics_ok = semantics.verdict(engine.collectives, documented.name)
@@ -148,7 +149,12 @@ def build_runs(stage: int, args, comm, model, precision):
     """The engine and its trainer, the single-rank reference, and torch.optim's documented optimizer."""
     params = to_device(model.init(args.seed), device_module(args.device))
     optimizer = make_optimizer(args.optimizer)
-    numerics = dict(precision.engine_settings(), watchdog=args.watchdog or None, clip_norm=args.clip_norm or None)
+    numerics = dict(
+        precision.engine_settings(),
+        watchdog=args.watchdog or None,
+        clip_norm=args.clip_norm or None,
+        scale_headroom=args.scale_headroom,
+    )
     groups = make_groups(model, stage, args.bucket_elems)
     engine = ZeroEngine(params, optimizer, comm=comm, groups=groups, stage=stage, reduction=args.reduction, **numerics)
     reference = RecordingReference(params, optimizer, args.reduction, **{k: numerics[k] for k in REFERENCE_SETTINGS})

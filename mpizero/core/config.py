@@ -9,9 +9,11 @@ import numpy as np
 
 from mpizero.core.precision import PRECISIONS
 from mpizero.core.reduction import REDUCTIONS
+from mpizero.core.scales import HEADROOM
 from mpizero.core.stages import STAGES
 
 NONFINITE_POLICIES = ("raise", "skip")
+MAX_HEADROOM = 16  # more would leave fewer bits than float32's mantissa between the quantum and the maximum
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,8 @@ class ZeroConfig:
     - overlap: start collectives nonblocking so they overlap computation.
     - watchdog: seconds one collective may wait before the job is ended with a report, or None.
     - allow_singleton: run as a 1-rank world even where a launcher says it started more processes.
+    - scale_headroom: bits between the predicted and the largest expected gradient (``scales``); a step whose
+      largest gradient moved by more is redone.
     """
 
     stage: int = 2
@@ -37,6 +41,7 @@ class ZeroConfig:
     overlap: bool = True
     watchdog: float | None = None
     allow_singleton: bool = False
+    scale_headroom: int = HEADROOM
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES or isinstance(self.stage, bool):
@@ -52,5 +57,7 @@ class ZeroConfig:
             raise ValueError(f"clip_norm must be a positive number or None, got {self.clip_norm!r}")
         if self.watchdog is not None and not (math.isfinite(self.watchdog) and self.watchdog > 0):
             raise ValueError(f"watchdog must be a positive number of seconds or None, got {self.watchdog!r}")
+        if not isinstance(self.scale_headroom, int) or not 0 <= self.scale_headroom <= MAX_HEADROOM:
+            raise ValueError(f"scale_headroom must be an int in [0, {MAX_HEADROOM}], got {self.scale_headroom!r}")
         if self.on_nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {self.on_nonfinite!r}")

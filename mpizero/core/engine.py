@@ -21,19 +21,18 @@ from mpi4py import MPI
 
 from mpizero.comm import agree, launch
 from mpizero.comm.collectives import Collectives
-from mpizero.core import norm
+from mpizero.core import norm, scales
 from mpizero.core.arrays import array_module, is_device_array, to_host
 from mpizero.core.config import ZeroConfig
-from mpizero.core.exact import max_abs
 from mpizero.core.group import FlatGroup, ParamState, StatePiece
 from mpizero.core.layout import FlatLayout
 from mpizero.core.memory import KINDS, MemoryLog, peak_rss_bytes
 from mpizero.core.partition import Partition
 from mpizero.core.reduction import REDUCTIONS
-from mpizero.core.stages import ShardPlan, sharding
-from mpizero.core.step import StepTracker
+from mpizero.core.stages import GradientCollective, ShardPlan, sharding
+from mpizero.core.step import StepOrderError, StepTracker
+from mpizero.core.tally import GroupTally
 
-GRAD_DTYPE = np.dtype(np.float32)
 IN_FLIGHT = 2  # gradient collectives left running at once; older ones are finished to free their buffers
 PARAM_DTYPE = np.dtype(np.float32)
 
@@ -45,6 +44,7 @@ class StepResult:
     step: int
     skipped: bool
     grad_norm: float | None = None
+    redo: bool = False  # the scale prediction failed: hand the same gradients in again (see ``scales``)
 
 
 class ZeroEngine:
@@ -76,7 +76,10 @@ class ZeroEngine:
         self.step_count = self.skipped_steps = 0
         self.peak_gathered_groups = 0
         self.memory_log = MemoryLog()
-        self._pending: dict[int, tuple[list[int], int]] = {}  # groups with a collective in flight: scales, count
+        self.redone_steps = 0
+        self._pending: list[int] = []  # groups whose gradient collective is in flight, oldest first
+        self._previous_k: dict[str, int | None] = {}  # each tensor's last true scale: see ``scales``
+        self._forced: list | None = None  # the scales a step being redone must use
         agree.raise_if_any(self.collectives, problem, "bad parameters")
         agree.raise_unless_equal(self.collectives, self._signature(params, group_names))
         xp = array_module(next(iter(params.values())))
@@ -89,6 +92,8 @@ class ZeroEngine:
             group.init_optimizer(optimizer.state_names)
             self.groups.append(group)
         self.numel = sum(g.layout.numel for g in self.groups)
+        for group in self.groups:
+            group.keep_local_grads(self.collectives, self.reduction)
         self._tracker = StepTracker(len(self.groups))
         self._note_gathered()
 
@@ -146,85 +151,152 @@ class ZeroEngine:
 
     # Gradients and updates ------------------------------------------------
 
-    def step(self, contributions: Mapping | Sequence[Mapping]) -> StepResult:
+    def step(self, contributions: Mapping | Sequence[Mapping] | None = None) -> StepResult:
         """Average this step's gradients over all ranks and update the parameters.
 
         ``contributions``: this rank's local gradients, a dict by parameter name
         (or a list of such dicts, possibly empty), float32, shaped like the
-        parameters. The update uses the mean over every contribution of every rank.
+        parameters, besides any handed in with ``accumulate``. The update uses the
+        mean over every contribution of every rank. Gradients given here are
+        encoded once every rank agreed on the step's scales. After ``accumulate``
+        (encoded at predicted scales, see ``scales``) a bare ``step()`` may say
+        ``redo``: then hand the same gradients in again.
         """
-        if isinstance(contributions, Mapping):
-            contributions = [contributions]
-        for index in range(len(self.groups)):
-            self.start_reduce(index, contributions)
-        return self.finish_step()
+        listed = [contributions] if isinstance(contributions, Mapping) else contributions
+        while True:
+            self._begin_step()
+            if listed is not None and not isinstance(listed, Sequence):
+                for tally in self._tallies:
+                    tally.note(f"gradients must be a dict or a list of dicts, got {type(listed).__name__}")
+            in_hand = listed if isinstance(listed, Sequence) else ()
+            for index in range(len(self.groups)):
+                self.start_reduce(index, in_hand)
+            result = self.finish_step()
+            if not result.redo or listed is None:
+                return result
 
-    def start_reduce(self, index: int, contributions: Sequence[Mapping]) -> None:
-        """Agree on group ``index``'s scales with all ranks, encode, and start its gradient collective."""
-        if not self._tracker.start(index, self.step_number):
+    def accumulate(self, grads: Mapping, groups: Sequence[int] | None = None) -> None:
+        """Fold one contribution (this rank's gradients of one micro-batch) into the step; no communication.
+
+        ``groups``: only these groups' tensors, for layer-wise callers that hand a
+        group in as soon as backward completes it. The gradients may be dropped
+        afterwards: nothing per contribution is kept. End the step with
+        ``start_reduce`` for every group and ``finish_step``, or with ``step()``.
+        """
+        self._begin_step()
+        for index in range(len(self.groups)) if groups is None else groups:
+            if self._tallies[index].add(grads, self.names):
+                self.groups[index].accumulate(self.reduction, grads, self._scales[index])
+        self.memory_log.sample(self.memory())
+
+    def reduce_round(self, index: int, grads: Mapping | None) -> None:
+        """Reduce-scatter one round of group ``index`` into its grad shard now, as DeepSpeed and FSDP do.
+
+        Collective: every rank calls it once per round of micro-batches, with its
+        contribution or None. No full-size gradient buffer outlives the call.
+        Stages with a reduce-scatter only (1-3).
+        """
+        self._begin_step()
+        if not self._tracker.reduce_round(index, self.step_number):
             return
         group = self.groups[index]
-        problem = self._check_contributions(group, contributions)
-        local = np.zeros(2 + len(group.layout.specs))  # (count, problem flag, one maximum per tensor)
-        local[0], local[1] = len(contributions), problem is not None
-        if problem is None:
-            for column, spec in enumerate(group.layout.specs, start=2):
-                local[column] = max((max_abs(grads[spec.name]) for grads in contributions), default=0.0)
-        self.collectives.watchdog.context = f"step {self.step_number}, group {index}"
-        total = self.collectives.agree(local)
-        if total[1]:
-            self._abandon()
-            agree.raise_if_any(self.collectives, problem, f"step {self.step_number}: bad gradients")
-        count = int(total[0])
-        if count == 0:
-            self._abandon()
-            raise agree.ZeroError(f"step {self.step_number}: no rank handed in any gradients")
-        if not np.isfinite(total[2:]).all():  # only now find out which ranks: the normal path gathers nothing
-            flags = self.collectives.allgather_object(not np.isfinite(local[2:]).all(), "non-finite flags")
-            self._abandon(keep_step=True)
-            self._tracker.skip()
-            bad_ranks = [r for r, flag in enumerate(flags) if flag]
-            self._skip_or_raise(f"non-finite gradient in group {index} on ranks {bad_ranks}")
+        if group.plan.gradient_collective is not GradientCollective.REDUCE_SCATTER:
+            raise StepOrderError(f"reduce_round({index}): stage {self.config.stage} all-reduces; use accumulate")
+        usable = grads is not None and self._tallies[index].add(grads, self.names)
+        if not self._measuring(index):
+            self.collectives.watchdog.context = f"step {self.step_number}, round of group {index}"
+            group.reduce_round(self.collectives, self.reduction, grads if usable else None, self._scales[index])
+        self.memory_log.sample(self.memory())
+
+    def start_reduce(self, index: int, contributions: Sequence[Mapping] = ()) -> None:
+        """End group ``index``'s part of the step: agree with every rank on its count, maxima and problems,
+        choose its scales, and start its gradient collective.
+
+        ``contributions`` given here are encoded after the agreement, at the scales it chose, so a step whose
+        gradients all come this way (or through ``step(list)``) is never redone.
+        """
+        self._begin_step()
+        if not self._tracker.start(index, self.step_number):
             return
-        try:
-            scales = [self.reduction.scale_for(float(m), count) for m in total[2:]]
-        except OverflowError as error:  # every rank computes the same scales, so every rank gets here
-            self._abandon()
-            raise agree.ZeroError(f"step {self.step_number}: {error}") from None
-        group.start_reduce(self.collectives, self.reduction, contributions, scales, blocking=not self.config.overlap)
-        self._pending[index] = (scales, count)
+        tally = self._tallies[index]
+        early = tally.seen > 0  # encoded before the scales were agreed: at the predicted scales
+        in_hand = [grads for grads in contributions if tally.add(grads, self.names)]
+        self.collectives.watchdog.context = f"step {self.step_number}, group {index}"
+        total = self.collectives.agree(tally.agreement_row(early))
+        if total[1]:
+            self._end_step()
+            agree.raise_if_any(self.collectives, tally.problem, f"step {self.step_number}: bad gradients")
+        count, any_early, maxima = int(total[0]), bool(total[2]), total[3:]
+        if count == 0:
+            self._end_step()
+            raise agree.ZeroError(f"step {self.step_number}: no rank handed in any gradients")
+        if not np.isfinite(maxima).all():  # only now find out which ranks: the normal path gathers nothing
+            flags = self.collectives.allgather_object(not np.isfinite(tally.maxima).all(), "non-finite flags")
+            self._skip(f"non-finite gradient in group {index} on ranks {[r for r, bad in enumerate(flags) if bad]}")
+            return
+        chosen = self._choose_scales(index, maxima, count, any_early)
+        if self._redo or (self._measuring(index) and any_early):
+            return  # every rank knows: no collective for a pass that will be redone, or that encoded nothing
+        group = self.groups[index]
+        group.start_reduce(self.collectives, self.reduction, not self.config.overlap, in_hand, chosen)
+        self._pending.append(index)
         self.memory_log.sample(self.memory())
         while len(self._pending) > IN_FLIGHT:  # finish the oldest: its int64 buffers go before the next arrive
-            self._finish_reduce(next(iter(self._pending)))
+            self._finish_reduce(self._pending.pop(0))
+
+    def _choose_scales(self, index: int, maxima, count: int, any_early: bool) -> list:
+        """Fix the group's scales for this step from the agreed numbers; note whether the pass must be redone
+        (some rank encoded at the predicted scales, and they are not the chosen ones); return them."""
+        headroom = self.config.scale_headroom
+        try:
+            chosen = [
+                self.reduction.choose(k, float(m), count, headroom) for k, m in zip(self._predicted[index], maxima)
+            ]
+        except OverflowError as error:  # every rank computes the same scales, so every rank gets here
+            self._end_step()
+            raise agree.ZeroError(f"step {self.step_number}: {error}") from None
+        self._chosen[index] = (chosen, count, [float(m) for m in maxima])
+        used = self._scales[index]
+        wrong = any(u != k and not (u is None and m == 0) for u, k, m in zip(used, chosen, maxima))
+        self._redo |= any_early and wrong
+        return chosen
+
+    def _measuring(self, index: int) -> bool:
+        """Whether this pass encodes nothing for group ``index`` (no scale predicted yet): the same on every rank."""
+        return all(k is None for k in self._scales[index])
 
     def _finish_reduce(self, index: int) -> None:
-        scales, count = self._pending.pop(index)
-        self.groups[index].finish_reduce(self.reduction, scales, count)
+        chosen, count, _ = self._chosen[index]
+        self.groups[index].finish_reduce(self.reduction, chosen, count)
 
-    def _skip_or_raise(self, problem: str) -> None:
-        """Apply ``on_nonfinite`` to an agreed problem: raise it on every rank, or let the step be skipped."""
+    def _skip(self, problem: str) -> None:
+        """Apply ``on_nonfinite`` to an agreed problem: raise it on every rank, or skip the step on every rank."""
         if self.config.on_nonfinite == "raise":
-            self._tracker.reset()
+            self._end_step()
             raise agree.ZeroError(f"step {self.step_number}: {problem}")
-
-    def _abandon(self, keep_step: bool = False) -> None:
-        """Complete every in-flight gradient collective without using it; forget the step's reductions."""
-        for index in self._pending:
-            self.groups[index].abandon_reduce()
-        self._pending.clear()
-        if not keep_step:
-            self._tracker.reset()
+        self._tracker.skip()
+        for group in self.groups:
+            group.end_step()
 
     def finish_step(self) -> StepResult:
-        """Finish every group's reduction, clip, update and publish; or skip the step if agreed."""
+        """Finish every group's reduction, clip, update and publish; or skip or redo the step if agreed."""
         missing = self._tracker.missing()
         if self._tracker.finish(self.step_number):
+            self._end_step()
             self.skipped_steps += 1
             return StepResult(self.step_count, skipped=True)
-        for index in list(self._pending):
-            self._finish_reduce(index)
         if missing:
+            self._end_step()
             raise agree.ZeroError(f"step {self.step_number}: groups {missing} were never reduced")
+        if self._redo:
+            forced = [chosen for chosen, _, _ in self._chosen]
+            self._end_step()
+            self._forced, self.redone_steps = forced, self.redone_steps + 1
+            return StepResult(self.step_count, skipped=False, redo=True)
+        for index in range(len(self.groups)):
+            self._finish_reduce(index)
+        self._learn_scales()
+        self._end_step()
         if self.reduction.result_can_overflow and self._nonfinite_result():
             self.skipped_steps += 1
             return StepResult(self.step_count, skipped=True)
@@ -235,13 +307,50 @@ class ZeroEngine:
             group.publish(self.collectives)
         return StepResult(self.step_count, skipped=False, grad_norm=grad_norm)
 
+    def _begin_step(self) -> None:
+        """At a step's first call: fresh tallies, and the scales this pass encodes with (predicted, or forced)."""
+        if not self._tracker.begin():
+            return
+        self._tallies = [GroupTally(g.layout.specs) for g in self.groups]
+        headroom = self.config.scale_headroom
+        self._predicted = [
+            [self.reduction.predict(self._previous_k.get(s.name), headroom) for s in g.layout.specs]
+            for g in self.groups
+        ]
+        self._scales = self._forced if self._forced is not None else self._predicted
+        self._chosen, self._redo, self._forced = [None] * len(self.groups), False, None
+
+    def _learn_scales(self) -> None:
+        """Remember each tensor's true scale of this step: the next step predicts from it."""
+        for group, (_, count, maxima) in zip(self.groups, self._chosen):
+            for spec, m in zip(group.layout.specs, maxima):
+                self._previous_k[spec.name] = scales.following(self._previous_k.get(spec.name), m, count)
+
+    def _end_step(self) -> None:
+        """Forget this step's gradients and collectives on every group; the next call starts a new step."""
+        for group in self.groups:
+            group.end_step()
+        self._pending.clear()
+        self._tracker.reset()
+
+    def scale_state(self) -> dict[str, int | None]:
+        """Each tensor's last true scale exponent, which the next step's prediction starts from (for checkpoints)."""
+        return {name: self._previous_k.get(name) for name in self.names}
+
+    def restore_scale_state(self, state: Mapping[str, int | None]) -> None:
+        """Continue predicting scales from a saved ``scale_state()``."""
+        self._previous_k = {name: state.get(name) for name in self.names}
+
     def _nonfinite_result(self) -> bool:
         """Agree whether any averaged gradient overflowed (MPI's float32 sum can); raise or skip as configured."""
         local = not all(bool(array_module(g.grad_shard).isfinite(g.grad_shard).all()) for g in self.groups)
         if not self.collectives.allreduce_value(local, MPI.LOR, "whether any averaged gradient overflowed"):
             return False
         bad = [r for r, flag in enumerate(self.collectives.allgather_object(local, "overflowed results")) if flag]
-        self._skip_or_raise(f"non-finite averaged gradient (the float32 sum overflowed) on ranks {bad}")
+        if self.config.on_nonfinite == "raise":
+            raise agree.ZeroError(
+                f"step {self.step_number}: non-finite averaged gradient (the float32 sum overflowed) on ranks {bad}"
+            )
         return True
 
     def _clip(self) -> float:
@@ -254,26 +363,6 @@ class ZeroEngine:
             for piece in pieces:
                 piece *= np.float32(factor)
         return grad_norm
-
-    def _check_contributions(self, group: FlatGroup, contributions) -> str | None:
-        if not isinstance(contributions, Sequence):
-            return f"gradients must be a dict or a list of dicts, got {type(contributions).__name__}"
-        for i, grads in enumerate(contributions):
-            unknown = sorted(set(grads) - set(self.names)) if isinstance(grads, Mapping) else []
-            if unknown:
-                return f"contribution {i} has gradients for unknown parameters {unknown[:3]}"
-            for spec in group.layout.specs:
-                g = grads.get(spec.name) if isinstance(grads, Mapping) else None
-                if g is None:
-                    return f"contribution {i} has no gradient for {spec.name!r}"
-                if not hasattr(g, "dtype") or not hasattr(g, "shape"):
-                    return f"contribution {i}: gradient {spec.name!r} is a {type(g).__name__}, not an array"
-                if tuple(g.shape) != spec.shape or g.dtype != GRAD_DTYPE:
-                    return (
-                        f"contribution {i}: gradient {spec.name!r} is {g.dtype}{list(g.shape)}, "
-                        f"expected {GRAD_DTYPE}{list(spec.shape)}"
-                    )
-        return None
 
     # Training state by tensor piece (checkpoints) -------------------------
 

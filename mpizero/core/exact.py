@@ -50,12 +50,21 @@ def max_abs(x) -> float:
 
 
 def sum_into(total, sources, k: int) -> None:
-    """Write ``sum(rint(x * 2**k) for x in sources)`` (float32 sources) into the int64 array ``total``.
+    """Write ``sum(rint(x * 2**k) for x in sources)`` (float32 sources) into the int64 array ``total``."""
+    if not sources:
+        total[...] = 0
+    for index, x in enumerate(sources):
+        add_into(total, x, k, assign=index == 0)
 
-    ``x * 2**k`` is exact in float32: it stays below 2**62, and anything small
-    enough to underflow rounds to 0 either way. Host arrays are processed in
-    cache-sized chunks, each chunk of ``total`` written once; device arrays in
-    one pass (fewer kernel launches).
+
+def add_into(total, x, k: int, assign: bool = False) -> None:
+    """Add ``rint(x * 2**k)`` (float32 ``x``, flat) to the int64 array ``total`` (``assign``: write it instead).
+
+    ``x * 2**k`` is exact in float32: it stays below 2**62 when k comes from an
+    agreed maximum, and anything small enough to underflow rounds to 0 either
+    way. A value beyond the scale's range (a pass that will be redone, or a
+    non-finite gradient that will be refused) may wrap; it is never decoded.
+    Host arrays go in cache-sized chunks; device arrays in one pass.
     """
     xp = array_module(total)
     n = total.size
@@ -63,22 +72,20 @@ def sum_into(total, sources, k: int) -> None:
     scaled = xp.empty(min(n, chunk), dtype=np.float32)
     as_int = xp.empty(min(n, chunk), dtype=np.int64)
     factor = np.float32(math.ldexp(1.0, k)) if -126 <= k <= 127 else None  # a float32 power of two: exact
-    if not sources:
-        total[...] = 0
-    for start in range(0, n, chunk):
-        stop = min(start + chunk, n)
-        out, tmp, tmp_int = total[start:stop], scaled[: stop - start], as_int[: stop - start]
-        for index, x in enumerate(sources):
+    with np.errstate(over="ignore", invalid="ignore"):
+        for start in range(0, n, chunk):
+            stop = min(start + chunk, n)
+            tmp, tmp_int = scaled[: stop - start], as_int[: stop - start]
             if factor is None:
                 xp.ldexp(x[start:stop], k, out=tmp)
             else:
                 xp.multiply(x[start:stop], factor, out=tmp)  # twice as fast as ldexp, the same bits
             xp.rint(tmp, out=tmp)
-            if index == 0:
-                out[...] = tmp
+            if assign:
+                total[start:stop] = tmp
             else:
                 tmp_int[...] = tmp
-                out += tmp_int
+                total[start:stop] += tmp_int
 
 
 def decode(total, k: int, count: int, out) -> None:

@@ -61,7 +61,8 @@ class FlatGroup:
         self.master_shard = full[start:stop].copy()
         self.optimizer_state: dict = {}
         self.grad_shard = xp.zeros(stop - start, dtype=np.float32)
-        self.local_grads = self.reduced = self.pending_reduce = self.pending_gather = None
+        self.local_grads = self.reduced = self.pending_reduce = self.pending_result = self.pending_gather = None
+        self.accumulated, self.rounds_reduced, self.decoded = False, 0, False  # this step's progress
         shard_start, shard_stop = plan.shard_range
         if plan.gathers_params:
             self.full_params = None
@@ -126,47 +127,104 @@ class FlatGroup:
             self.full_params = None
             self.state = ParamState.SHARDED
 
-    def start_reduce(self, collectives, reduction, contributions, scales, blocking: bool) -> None:
-        """Encode this rank's contributions and start the gradient collective.
+    # Gradients -------------------------------------------------------------
 
-        When every rank shares this host and the collective is a reduce-scatter, they are encoded
-        straight into a node-shared arena and reduced from there: at stages 2-3 the one bucket
-        buffer, at stage 1 this group's own (its kept local grads).
+    def keep_local_grads(self, collectives, reduction) -> None:
+        """Allocate the local grads kept between steps (stages 0-1; collective where shared: at set-up)."""
+        if self.plan.keeps_local_grads:
+            padded, wire = self.partition.padded_numel, reduction.wire_dtype
+            shared = collectives.shared and self.xp is np and self._scatters
+            self.local_grads = (
+                collectives.shared_buffer(padded, wire, id(self)) if shared else self.xp.zeros(padded, dtype=wire)
+            )
+
+    @property
+    def _scatters(self) -> bool:
+        return self.plan.gradient_collective is GradientCollective.REDUCE_SCATTER
+
+    def accumulate(self, reduction, grads, step_scales) -> None:
+        """Fold one contribution into the local grads (no communication)."""
+        first = not self.accumulated
+        if self.local_grads is None:
+            self.local_grads = self.xp.empty(self.partition.padded_numel, dtype=reduction.wire_dtype)
+        reduction.add(self.local_grads, grads, self.layout.specs, step_scales, first)
+        self.accumulated = True
+
+    def reduce_round(self, collectives, reduction, grads, step_scales) -> None:
+        """Reduce-scatter one round's contribution (or zeros) into the grad-shard accumulator (collective).
+
+        The contribution is encoded straight into the node-shared arena when every rank shares this host.
         """
         padded, wire = self.partition.padded_numel, reduction.wire_dtype
-        scatter = self.plan.gradient_collective is GradientCollective.REDUCE_SCATTER
-        shared = collectives.shared and self.xp is np and scatter
-        if shared and not self.plan.keeps_local_grads:
-            local = collectives.shared_buffer(padded, wire)
+        on_host_together = collectives.shared and self.xp is np
+        buffer = collectives.shared_buffer(padded, wire) if on_host_together else self.xp.empty(padded, dtype=wire)
+        if grads is None:
+            buffer[...] = 0
         else:
-            if self.local_grads is None:
-                self.local_grads = (
-                    collectives.shared_buffer(padded, wire, id(self)) if shared else self.xp.empty(padded, dtype=wire)
-                )
-            local = self.local_grads
-        reduction.encode(local, contributions, self.layout.specs, scales)
-        self.reduced = self.xp.empty(self.grad_shard.shape, dtype=reduction.wire_dtype)
-        if scatter:
-            self.pending_reduce = collectives.reduce_scatter(local, self.reduced, blocking)
+            reduction.add(buffer, grads, self.layout.specs, step_scales, first=True)
+        shard = self.xp.empty(self.grad_shard.shape, dtype=wire)
+        collectives.reduce_scatter(buffer, shard)
+        self._add_reduced(shard)
+        self.rounds_reduced += 1
+
+    def start_reduce(self, collectives, reduction, blocking: bool, in_hand=(), step_scales=None) -> None:
+        """Start the one gradient collective of the local grads, unless this step reduced round by round.
+
+        ``in_hand``: contributions encoded now, at ``step_scales``, on top of any accumulated before. Every
+        rank calls this for the same groups in the same order, with or without contributions of its own.
+        """
+        if self.rounds_reduced:
+            return
+        padded, wire = self.partition.padded_numel, reduction.wire_dtype
+        local = self.local_grads
+        if collectives.shared and self.xp is np and self._scatters and not self.plan.keeps_local_grads:
+            local = collectives.shared_buffer(padded, wire)  # the arena's zero-copy sum beats MPI's by far
+            if self.accumulated:
+                local[...] = self.local_grads
+            self.local_grads = None
+        elif local is None:
+            local = self.local_grads = self.xp.empty(padded, dtype=wire)
+        for grads in in_hand:
+            reduction.add(local, grads, self.layout.specs, step_scales, first=not self.accumulated)
+            self.accumulated = True
+        if not self.accumulated:
+            local[...] = 0
+        result = self.xp.empty(self.grad_shard.shape, dtype=wire)
+        if self._scatters:
+            self.pending_reduce = collectives.reduce_scatter(local, result, blocking)
         else:
-            self.pending_reduce = collectives.allreduce(local, self.reduced, blocking)
+            self.pending_reduce = collectives.allreduce(local, result, blocking)
+        self.pending_result = result
 
-    def finish_reduce(self, reduction, scales, count: int) -> None:
-        """Wait for the gradient collective and decode the averaged grad shard."""
-        self.pending_reduce.wait()
-        self.grad_shard[...] = 0
-        for index, lo, hi in self.owned_segments():
-            reduction.decode(self.reduced[lo:hi], scales[index], count, self.grad_shard[lo:hi])
-        self._drop_reduce_buffers()
-
-    def abandon_reduce(self) -> None:
-        """Complete an in-flight gradient collective without using its result (a skipped step)."""
+    def finish_reduce(self, reduction, step_scales, count: int) -> None:
+        """Complete the gradient collective and decode the averaged grad shard (once a step)."""
+        if self.decoded:
+            return
         if self.pending_reduce is not None:
             self.pending_reduce.wait()
-        self._drop_reduce_buffers()
+            self._add_reduced(self.pending_result)
+        self.grad_shard[...] = 0
+        if self.reduced is not None:  # None: nothing was encoded, because every gradient of the step was zero
+            for index, lo, hi in self.owned_segments():
+                reduction.decode(self.reduced[lo:hi], step_scales[index], count, self.grad_shard[lo:hi])
+        self._free_step_buffers()
+        self.decoded = True
 
-    def _drop_reduce_buffers(self) -> None:
-        self.reduced = self.pending_reduce = None
+    def _add_reduced(self, shard) -> None:
+        if self.reduced is None:
+            self.reduced = shard
+        else:
+            self.reduced += shard
+
+    def end_step(self) -> None:
+        """Complete any collective in flight and forget this step's gradients (used, skipped or to be redone)."""
+        if self.pending_reduce is not None:
+            self.pending_reduce.wait()
+        self._free_step_buffers()
+        self.accumulated, self.rounds_reduced, self.decoded = False, 0, False
+
+    def _free_step_buffers(self) -> None:
+        self.reduced = self.pending_reduce = self.pending_result = None
         if not self.plan.keeps_local_grads:
             self.local_grads = None
 
@@ -193,5 +251,5 @@ class FlatGroup:
             "grads": self.grad_shard.nbytes,
             "master": self.master_shard.nbytes,
             "optimizer": sum(a.nbytes for a in self.optimizer_state.values()),
-            "comm": sum(0 if b is None else b.nbytes for b in (self.local_grads, self.reduced)),
+            "comm": sum(0 if b is None else b.nbytes for b in (self.local_grads, self.reduced, self.pending_result)),
         }

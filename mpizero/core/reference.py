@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from mpizero.core import exact, norm
+from mpizero.core import exact, norm, scales
 from mpizero.core.arrays import array_module
 
 
@@ -28,6 +28,7 @@ class Reference:
         param_dtype: str = "float32",
         clip_norm: float | None = None,
         on_nonfinite: str = "raise",
+        scale_headroom: int = scales.HEADROOM,
     ) -> None:
         self.xp = array_module(next(iter(params.values())))
         self.params = {name: self.xp.array(a, dtype=np.float32) for name, a in params.items()}
@@ -35,6 +36,8 @@ class Reference:
         self.param_dtype, self.clip_norm, self.on_nonfinite = np.dtype(param_dtype), clip_norm, on_nonfinite
         self.state = {n: {s: self.xp.zeros_like(p) for s in optimizer.state_names} for n, p in self.params.items()}
         self.step_count = self.skipped_steps = 0
+        self.scale_headroom = scale_headroom
+        self.previous_k: dict[str, int | None] = {}  # each tensor's last true scale exponent (``scales``)
 
     def compute_params(self) -> dict[str, np.ndarray]:
         """The parameters every rank computes with: the master rounded to the param dtype, as float32."""
@@ -48,6 +51,7 @@ class Reference:
             self.skipped_steps += 1
             return False
         grads = self.average(contributions)
+        self._learn_scales(contributions)
         if self.clip_norm is not None:
             grad_norm = norm.global_norm(list(grads.values()), sum(g.size for g in grads.values()))
             factor = norm.clip_factor(grad_norm, self.clip_norm)
@@ -58,8 +62,13 @@ class Reference:
             self.optimizer.update(self.params[name], grad, self.state[name], self.step_count)
         return True
 
+    def _learn_scales(self, contributions: Sequence[Mapping]) -> None:
+        for name in self.params:
+            largest = max(exact.max_abs(c[name]) for c in contributions)
+            self.previous_k[name] = scales.following(self.previous_k.get(name), largest, len(contributions))
+
     def average(self, contributions: Sequence[Mapping]) -> dict[str, np.ndarray]:
-        """Return each tensor's mean gradient over all contributions."""
+        """Return each tensor's mean gradient over all contributions, at the scale this step uses (``scales``)."""
         count = len(contributions)
         result = {}
         for name, param in self.params.items():
@@ -67,7 +76,9 @@ class Reference:
             if self.reduction == "native":
                 result[name] = (_fold(sources) / np.float32(count)).reshape(param.shape)
                 continue
-            scale = exact.exponent_for(max(exact.max_abs(s) for s in sources), count)
+            predicted = scales.predicted(self.previous_k.get(name), self.scale_headroom)
+            largest = max(exact.max_abs(s) for s in sources)
+            scale = scales.choose(predicted, largest, count, self.scale_headroom)
             total = self.xp.empty(param.size, dtype=np.int64)
             exact.sum_into(total, sources, scale)
             result[name] = self.xp.empty(param.shape, dtype=np.float32)

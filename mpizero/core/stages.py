@@ -94,6 +94,12 @@ class ShardPlan:
         return not self.sharding.grads
 
     @property
+    def reduces_each_round(self) -> bool:
+        """Whether a layer-wise trainer reduce-scatters every round of micro-batches at once (sharded gradients:
+        DeepSpeed's and FSDP's default), instead of folding rounds into the local grads and reducing once."""
+        return self.sharding.grads
+
+    @property
     def gathers_params(self) -> bool:
         """Whether full params exist only between a gather and a release."""
         return self.sharding.params

@@ -4,9 +4,12 @@ Every rank walks the same rounds of micro-batches (ranks with no micro-batch
 in a round still join its collectives), unit by unit. At stage 3 each unit's
 full parameters are gathered just before it runs and released right after,
 while the next unit's gather is already in flight; at stages 0-2 they stay.
-Gradients are reduced group by group (stage 3: per unit; stages 0-2: buckets)
-as soon as the last round's backward has produced them, overlapping the rest
-of the backward pass.
+Gradients go to the engine group by group (stage 3: per unit; stages 0-2:
+buckets) as soon as a round's backward has produced them, and are dropped:
+at stages 2-3 each round is reduce-scattered at once into the grad shard, at
+stages 0-1 it is folded into the local grads, reduced once after the last
+round. Nothing per micro-batch is kept until the step ends. If the engine's
+scale prediction fails, the step runs again on the same micro-batches.
 
 The single-rank counterpart is ``reference_step``: the same unit calls on the
 same micro-batches, without MPI.
@@ -64,13 +67,27 @@ class StepReport:
     skipped: bool
     loss_scale: float
     grad_norm: float | None
+    redone: bool = False  # the step ran twice: its scale prediction failed (``core/scales.py``)
 
 
 class Trainer:
     """Drive the engine layer-wise over a model's units for one step at a time."""
 
-    def __init__(self, model, engine, precision: Precision, initial_loss_scale: float = 2.0**16) -> None:
+    def __init__(
+        self,
+        model,
+        engine,
+        precision: Precision,
+        initial_loss_scale: float = 2.0**16,
+        reduce_each_round: bool | None = None,
+    ) -> None:
+        """``reduce_each_round``: reduce-scatter every round's gradients at once into the int64 grad-shard
+        accumulator (more messages, no full-size buffer: DeepSpeed's and FSDP's default), or fold the rounds into
+        one full local buffer and reduce it once (one message: stage 1's shape, and ``no_sync``'s). Default: each
+        round where the stage shards gradients (2-3)."""
         self.model, self.engine, self.precision = model, engine, precision
+        by_plan = engine.groups[0].plan.reduces_each_round
+        self.reduce_each_round = by_plan if reduce_each_round is None else reduce_each_round
         self.units = model.units  # built once: a model's ``units`` may construct them on every access
         self.names_of_unit = [set(unit.param_shapes()) for unit in self.units]
         self.scaler = LossScaler(initial_loss_scale) if precision.loss_scaling else None
@@ -98,21 +115,25 @@ class Trainer:
         except Exception as error:  # a failed load stops every rank, not just this one
             problem = f"micro-batch failed to load: {type(error).__name__}: {error}"
         agree.raise_if_any(self.engine.collectives, problem, f"step {self.engine.step_number}: loading data")
-        losses, stored = np.zeros(total), []  # one slot per global micro-batch; only its rank fills it
-        for r in range(rounds):
-            batch = loaded[mine[r]] if r < len(mine) else None
-            loss, grads = self._forward_backward(batch, last_round=r == rounds - 1, stored=stored)
-            if batch is not None:
-                losses[mine[r]] = loss
-                stored.append(grads)
-        result = self.engine.finish_step()
+        redone = False
+        while True:  # twice only when the engine's scale prediction failed: the same micro-batches again
+            losses = np.zeros(total)  # one slot per global micro-batch; only its rank fills it
+            for r in range(rounds):
+                batch = loaded[mine[r]] if r < len(mine) else None
+                loss = self._forward_backward(batch, last_round=r == rounds - 1)
+                if batch is not None:
+                    losses[mine[r]] = loss
+            result = self.engine.finish_step()
+            if not result.redo:
+                break
+            redone = True
         if self.scaler is not None:
             self.scaler.update(result.skipped)
         everyone = self.engine.collectives.allreduce_array(losses, MPI.SUM, "losses")  # x + 0.0 is exactly x
         loss = sum(float(everyone[m]) for m in range(total)) / total
-        return StepReport(loss, result.skipped, self.loss_scale, result.grad_norm)
+        return StepReport(loss, result.skipped, self.loss_scale, result.grad_norm, redone)
 
-    def _forward_backward(self, batch, last_round: bool, stored: list):
+    def _forward_backward(self, batch, last_round: bool) -> float | None:
         """One micro-batch (or, with ``batch`` None, only the collectives) through every unit."""
         units = self.units
         caches, out = [], None if batch is None else batch[0]
@@ -137,12 +158,19 @@ class Trainer:
                 dout, unit_grads = units[u].backward(dout, caches[u], params)
                 grads.update(as_contribution(unit_grads, self.precision, self.loss_scale))
             self._release(u)
-            if last_round:
-                for g in self.groups_of_unit[u]:
-                    if self.last_unit_of_group[g] == u:
-                        contributions = [*stored, grads] if batch is not None else stored
-                        self.engine.start_reduce(g, contributions)
-        return loss, grads
+            for g in self.groups_of_unit[u]:
+                if self.last_unit_of_group[g] == u:
+                    self._hand_in(g, grads if batch is not None else None, last_round)
+        return loss
+
+    def _hand_in(self, group: int, grads: dict | None, last_round: bool) -> None:
+        """Give a group's gradients of this round to the engine as soon as backward has completed them."""
+        if self.reduce_each_round:
+            self.engine.reduce_round(group, grads)
+        elif grads is not None:
+            self.engine.accumulate(grads, groups=[group])
+        if last_round:
+            self.engine.start_reduce(group)
 
     def _prefetch(self, unit: int) -> None:
         for g in self.groups_of_unit[unit]:
