@@ -19,9 +19,10 @@ from mpizero.cli import options
 from mpizero.core import faults, formulas
 from mpizero.core.arrays import device_module, to_device
 from mpizero.core.engine import ZeroEngine
-from mpizero.core.memory import format_bytes
+from mpizero.core.memory import format_bytes, peak_rss_bytes
 from mpizero.core.optim import OPTIMIZERS
 from mpizero.core.precision import PRECISIONS
+from mpizero.core.stages import reduce_scatters
 from mpizero.training.model import param_shapes
 from mpizero.training.registry import Size, entry
 from mpizero.training.trainer import Trainer, make_groups
@@ -48,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--loss-scale-power", type=options.whole(0, 127), default=16, help="fp16: initial loss scale is 2**this"
     )
-    options.add(parser, "bucket_elems")
+    options.add(parser, "bucket_elems", "accumulate", "scale_headroom")
     parser.add_argument("--no-overlap", action="store_true", help="use blocking collectives only")
     options.add(parser, "watchdog")
     parser.add_argument("--log-every", type=options.whole(1), default=10, help="steps between progress lines")
@@ -84,12 +85,15 @@ def check(args, world_size: int) -> None:
         problems.append(f"--global-batch {args.global_batch} must split into --micro-batches {args.micro_batches}")
     elif args.micro_batches < world_size:
         problems.append(f"--micro-batches {args.micro_batches} is fewer than the {world_size} ranks")
+    if args.accumulate == "round" and not reduce_scatters(args.stage):
+        problems.append("--accumulate round needs a stage whose gradients meet in a reduce-scatter (1-3), got 0")
     if (args.checkpoint_dir is None) != (args.checkpoint_every is None):
         problems.append("--checkpoint-dir and --checkpoint-every go together: give both or neither")
     options.raise_problems(problems)
 
 
 DATA_SETTINGS = ("model", "seed", "global_batch", "micro_batches", "block_size")
+ACCUMULATE = {"auto": None, "round": True, "local": False}  # Trainer's reduce_each_round
 
 
 def run(args, comm) -> int:
@@ -99,7 +103,7 @@ def run(args, comm) -> int:
     precision = PRECISIONS[args.precision]
     xp = device_module(args.device)
     engine = make_engine(args, model, precision, comm, xp)
-    trainer = Trainer(model, engine, precision, 2.0**args.loss_scale_power)
+    trainer = Trainer(model, engine, precision, 2.0**args.loss_scale_power, ACCUMULATE[args.accumulate])
     first_step = resume(args, engine, trainer) + 1 if args.resume else 1
     size = args.global_batch // args.micro_batches
 
@@ -125,15 +129,17 @@ def run(args, comm) -> int:
             path = checkpoint.save(engine, args.checkpoint_dir, training_state(args, step, engine, trainer), args.keep)
             if rank0:
                 print(f"saved {path}", flush=True)
+    rss_steps = peak_rss_bytes()  # before evaluation and saving, which can need more than the steps
     master = engine.master_params()
     if rank0:
-        print_accounting(engine, -(-args.micro_batches // comm.Get_size()))
+        print_accounting(engine, -(-args.micro_batches // comm.Get_size()), trainer.reduce_each_round)
+        print(f"steps redone (scale prediction missed): {engine.redone_steps} of {args.steps - first_step + 1}")
         print(task.evaluate(model, data, master))
         if args.save_params:
             save_flat(args.save_params, model, master)
         if args.memory_json:
             with open(args.memory_json, "w") as f:
-                json.dump(engine.memory_report(), f)
+                json.dump({**engine.memory_report(), "rss_steps": rss_steps}, f)
     return 0
 
 
@@ -149,6 +155,7 @@ def make_engine(args, model, precision, comm, xp) -> ZeroEngine:
         **precision.engine_settings(),
         overlap=not args.no_overlap,
         watchdog=args.watchdog or None,
+        scale_headroom=args.scale_headroom,
     )
 
 
@@ -217,7 +224,7 @@ def progress_line(args, task, step: int, report, elapsed: float, held: dict) -> 
     )
 
 
-def print_accounting(engine, rounds: int) -> None:
+def print_accounting(engine, rounds: int, reduce_each_round: bool) -> None:
     """Rank 0's bytes by kind (now and peak), peak RSS, and the last step's traffic beside the formula."""
     report = engine.memory_report()
     print("memory on rank 0:  " + "  ".join(f"{k} {format_bytes(v)}" for k, v in report["now"].items()))
@@ -227,7 +234,7 @@ def print_accounting(engine, rounds: int) -> None:
         + f"  total {format_bytes(report['peak_total'])}  (process peak RSS {format_bytes(report['rss'])})"
     )
     traffic = engine.collectives.traffic
-    predicted = formulas.traffic_per_step(formulas.formula_setup(engine), rounds)
+    predicted = formulas.traffic_per_step(formulas.formula_setup(engine), rounds, reduce_each_round)
     moved = "  ".join(
         f"{op} {format_bytes(traffic.sent[op])} (formula {format_bytes(b)})" for op, b in predicted.items()
     )

@@ -70,11 +70,11 @@ def _comm_bytes(setup: Setup, plans: list[ShardPlan]) -> int:
     return max(p.partition.padded_numel for p in plans) * setup.wire_bytes
 
 
-def traffic_per_step(setup: Setup, rounds: int = 1) -> dict[str, int]:
+def traffic_per_step(setup: Setup, rounds: int = 1, reduce_each_round: bool | None = None) -> dict[str, int]:
     """Bytes each rank sends per step, by collective (ring volumes: (N-1)/N of the full buffer per pass).
 
-    ``rounds``: micro-batch rounds per step; stage 3 gathers every unit twice per round, and stages 2-3
-    reduce-scatter every round (the trainer's default, ``ShardPlan.reduces_each_round``).
+    ``rounds``: micro-batch rounds per step; stage 3 gathers every unit twice per round. ``reduce_each_round``:
+    whether the trainer reduce-scatters every round (None: its default, ``ShardPlan.reduces_each_round``).
     """
     n = setup.ranks
     sent = {"reduce_scatter": 0, "allreduce": 0, "allgather": 0}
@@ -84,7 +84,8 @@ def traffic_per_step(setup: Setup, rounds: int = 1) -> dict[str, int]:
         if plan.gradient_collective is GradientCollective.ALLREDUCE:
             sent["allreduce"] += 2 * wire * (n - 1) // n
         else:
-            sent["reduce_scatter"] += (rounds if plan.reduces_each_round else 1) * (wire * (n - 1) // n)
+            each_round = plan.reduces_each_round if reduce_each_round is None else reduce_each_round
+            sent["reduce_scatter"] += (rounds if each_round else 1) * (wire * (n - 1) // n)
         sent["allgather"] += plan.allgathers_per_step(rounds) * (params * (n - 1) // n)
     return sent
 

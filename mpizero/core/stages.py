@@ -50,6 +50,11 @@ def groups_by_unit(stage: int) -> bool:
     return sharding(stage).params
 
 
+def reduce_scatters(stage: int) -> bool:
+    """Whether the stage's gradients meet in a reduce-scatter (each rank keeps only its shard of the mean)."""
+    return sharding(stage).optimizer
+
+
 class GradientCollective(enum.Enum):
     """How local gradients become the averaged gradient this rank updates from."""
 
