@@ -151,7 +151,7 @@ def agreement_bytes_per_step(
 
 
 def checkpoint_per_save(setup: Setup, tensor_numels: tuple[tuple[int, ...], ...]) -> dict[str, int]:
-    """One checkpoint save: files (one per rank and state, and the manifest), fp32 bytes, and manifest pieces.
+    """One checkpoint save: files (one per rank and state, and the manifest), fp32 bytes (headers left out), pieces.
 
     ``tensor_numels``: each group's tensors' element counts, in layout order. A piece is one tensor's part
     of one rank's shard, so the manifest lists about N pieces per group: it grows with the number of ranks.
@@ -164,10 +164,10 @@ def checkpoint_per_save(setup: Setup, tensor_numels: tuple[tuple[int, ...], ...]
             if numel:
                 pieces += (start + numel - 1) // shard - start // shard + 1
             start += numel
-    numel = sum(p.numel for p in setup.partitions())
+    partitions = setup.partitions()
     return {
         "files": setup.ranks * states + 1,
-        "bytes": 4 * states * numel,
-        "bytes per rank": 4 * states * -(-numel // setup.ranks),
+        "bytes": 4 * states * sum(p.numel for p in partitions),
+        "bytes per rank": 4 * states * sum(span(p.data_range(0)) for p in partitions),  # rank 0 writes the most
         "pieces": pieces,
     }
