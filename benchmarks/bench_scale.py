@@ -69,6 +69,7 @@ def worker(args) -> None:
             clip_norm=args.clip or None,
         )
         setup_s = time.perf_counter() - start
+        setup_calls = dict(engine.collectives.traffic.calls)
         trainer, traffic, seconds, steps_s = Trainer(model, engine, precision), engine.collectives.traffic, [], []
         for step in range(1, STEPS + 1):
             traffic.clear()
@@ -93,6 +94,7 @@ def worker(args) -> None:
             "agreement_s": comm.allreduce(sum(s.get("agreement", 0.0) for s in seconds[1:]) / (STEPS - 1), op=MPI.MAX),
             "step_s": comm.allreduce(sum(steps_s[1:]) / (STEPS - 1), op=MPI.MAX),
             "setup_s": comm.allreduce(setup_s, op=MPI.MAX),
+            "setup_calls": setup_calls,
         }
         if comm.Get_rank() == 0:
             print(json.dumps(row), flush=True)

@@ -4,9 +4,11 @@ import json
 import math
 import pickle
 import re
+import subprocess
+import sys
 
 import pytest
-from mpirun import run_mpi_ok
+from mpirun import ROOT, run_mpi_ok
 
 from mpizero.core import formulas
 from mpizero.training.registry import Size, entry, param_shapes
@@ -42,6 +44,7 @@ def test_calls_and_agreement_bytes_per_step_equal_the_formulas(n):
     rows = measured_rows(n, "0")  # without clipping every payload has a fixed size
     assert [row["stage"] for row in rows] == [1, 2, 3]
     for row in rows:
+        assert row["setup_calls"] == {"agreement": 6}, row  # set-up: digests and flags, whatever N
         assert row["calls"] == row["formula_calls"], row
         assert row["sent"]["agreement"] == row["received"]["agreement"] == row["formula_agreement"], row
         assert {op: row["sent"][op] for op in row["formula_sent"]} == row["formula_sent"], row
@@ -71,3 +74,28 @@ def test_checkpoint_files_pieces_and_bytes_equal_the_formula(tmp_path):
     assert predicted["bytes"] == sum(m["bytes"] - header for m in manifest["files"].values())
     rank0 = [m["bytes"] - header for name, m in manifest["files"].items() if name.startswith("rank00000-")]
     assert predicted["bytes per rank"] == sum(rank0) == max(rank0) * 3
+
+
+def estimate(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "mpizero", "estimate", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_estimate_scale_prints_stages_1_to_3_and_the_exact_sums_headroom():
+    done = estimate("--model", "transformer", "--ranks", "4096", "--micro-batches", "32768", "--scale")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    rows = [
+        line.split() for line in lines[[n for n, line in enumerate(lines) if line.startswith("stage  groups")][0] + 1 :]
+    ]
+    assert [row[0] for row in rows[:3]] == ["1", "2", "3"]
+    assert "12,289" in rows[0]  # 4096 ranks x (master + 2 AdamW states) files, and the manifest
+    assert "take 15 of the int64 sum's 62 bits, leaving 47" in done.stdout
+
+
+def test_estimate_scale_needs_a_model():
+    done = estimate("--params", "7.5e9", "--ranks", "64", "--scale")
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith(
+        "--scale needs --model NAME: the groups and tensors it counts come from the model"
+    )

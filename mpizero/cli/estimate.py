@@ -84,19 +84,22 @@ def print_model_table(args) -> None:
 
 
 def print_scale_table(args) -> None:
-    """Per stage 1-3: bytes held, calls and bytes per step by collective, and one checkpoint save, per rank."""
+    """Per stage 1-3: bytes held, calls and bytes per step by collective, and one checkpoint save, per rank.
+
+    Stages 1-3 reduce gradients by reduce-scatter only, so no all-reduce column is shown.
+    """
     model = entry(args.model, Size.of(args)).build(entry(args.model, Size.of(args)).load())
     shapes = param_shapes(model)
     n, rounds = args.ranks, -(-args.micro_batches // args.ranks)
     setups = formula_setups(model, n, args.precision, args.reduction, args.optimizer, args.bucket_elems)
     headroom = (args.micro_batches - 1).bit_length()
     print(
-        f"at scale: {sum(map(math.prod, shapes.values())):,} parameters, {n} ranks, {args.micro_batches} micro-batches "
-        f"per step ({rounds} per rank), clip on; "
-        f"per rank and step (sent = received), rs/ar/ag/agr = reduce-scatter/all-reduce/all-gather/agreement"
+        f"at scale: {sum(map(math.prod, shapes.values())):,} parameters, {n} ranks, {args.micro_batches} "
+        f"micro-batches per step ({rounds} per rank), clip on"
     )
+    print("per rank and step (sent = received): rs/ag/agr = reduce-scatter/all-gather/agreement")
     print(
-        f"{'stage':<6}{'groups':>7}{'held':>11}{'rs':>11}{'ar':>11}{'ag':>11}{'agr':>11}{'calls rs/ar/ag/agr':>21}"
+        f"{'stage':<6}{'groups':>7}{'held':>11}{'rs':>11}{'ag':>11}{'agr':>11}{'calls rs/ag/agr':>16}"
         f"{'ckpt files':>11}{'per rank':>11}{'pieces':>10}{'manifest':>11}"
     )
     for stage, setup in setups:
@@ -109,9 +112,10 @@ def print_scale_table(args) -> None:
         agreed = formulas.agreement_bytes_per_step(setup, tuple(map(len, numels)), args.micro_batches, True)
         save = formulas.checkpoint_per_save(setup, tuple(numels))
         manifest = save["pieces"] * _json_bytes(PIECE) + (save["files"] - 1) * _json_bytes(FILE)
-        cells = "".join(f"{format_bytes(b):>11}" for b in (held, *sent.values(), agreed))
+        cells = "".join(f"{format_bytes(b):>11}" for b in (held, sent["reduce_scatter"], sent["allgather"], agreed))
+        counts = "/".join(str(calls[op]) for op in ("reduce_scatter", "allgather", "agreement"))
         print(
-            f"{stage:<6}{len(numels):>7}{cells}{'/'.join(map(str, calls.values())):>21}{save['files']:>11,}"
+            f"{stage:<6}{len(numels):>7}{cells}{counts:>16}{save['files']:>11,}"
             f"{format_bytes(save['bytes per rank']):>11}{save['pieces']:>10,}{format_bytes(manifest):>11}"
         )
     print(
