@@ -1,9 +1,18 @@
 """Per-rank costs that must not grow with the number of ranks."""
 
+import json
+import math
+import pickle
 import re
+import subprocess
+import sys
 
 import pytest
-from mpirun import run_mpi_ok
+from mpirun import ROOT, run_mpi_ok
+
+from mpizero.core import formulas
+from mpizero.training.registry import Size, entry, param_shapes
+from mpizero.training.trainer import DEFAULT_BUCKET_ELEMS, make_groups
 
 TRAIN = ["-m", "mpizero", "train", "--model", "transformer", "--stage", "3", "--steps", "2"]
 TRAIN += ["--global-batch", "16", "--micro-batches", "8", "--log-every", "100"]
@@ -23,3 +32,70 @@ def agreement():
 
 def test_agreement_bytes_per_step_do_not_grow_with_the_number_of_ranks(agreement):
     assert 0 < agreement[8] <= 1.5 * agreement[2], agreement
+
+
+def measured_rows(n: int, clip: str) -> list[dict]:
+    out = run_mpi_ok(n, ["benchmarks/bench_scale.py", "--worker", "--clip", clip], timeout=180)
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_calls_and_agreement_bytes_per_step_equal_the_formulas(n):
+    rows = measured_rows(n, "0")  # without clipping every payload has a fixed size
+    assert [row["stage"] for row in rows] == [1, 2, 3]
+    for row in rows:
+        assert row["setup_calls"] == {"agreement": 6}, row  # set-up: digests and flags, whatever N
+        assert row["calls"] == row["formula_calls"], row
+        assert row["sent"]["agreement"] == row["received"]["agreement"] == row["formula_agreement"], row
+        assert {op: row["sent"][op] for op in row["formula_sent"]} == row["formula_sent"], row
+
+
+def test_clipping_adds_two_agreement_calls_and_at_most_the_norms_bytes():
+    for row in measured_rows(8, "1"):
+        assert row["calls"] == row["formula_calls"], row
+        assert row["calls"]["agreement"] == 4 + row["groups"], row  # flag, one per group, max, sum, losses
+        short = row["formula_agreement"] - row["sent"]["agreement"]
+        assert 0 <= short <= formulas.NORM_SUM_BYTES - len(pickle.dumps(0)), row
+
+
+def test_checkpoint_files_pieces_and_bytes_equal_the_formula(tmp_path):
+    n = 3
+    run_mpi_ok(n, [*TRAIN[:6], "2", "--steps", "1", "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "1"])
+    (saved,) = tmp_path.glob("ckpt-*")
+    manifest = json.loads((saved / "manifest.json").read_text())
+    model = entry("transformer", Size()).build(entry("transformer", Size()).load())
+    shapes = param_shapes(model)
+    numels = tuple(tuple(math.prod(shapes[k]) for k in g) for g in make_groups(model, 2, DEFAULT_BUCKET_ELEMS))
+    setup = formulas.Setup(tuple(map(sum, numels)), n, 2)
+    predicted = formulas.checkpoint_per_save(setup, numels)
+    assert predicted["files"] == len(list(saved.iterdir())) == len(manifest["files"]) + 1
+    assert predicted["pieces"] == sum(map(len, manifest["pieces"]))
+    header = 128  # a .npy file's header
+    assert predicted["bytes"] == sum(m["bytes"] - header for m in manifest["files"].values())
+    rank0 = [m["bytes"] - header for name, m in manifest["files"].items() if name.startswith("rank00000-")]
+    assert predicted["bytes per rank"] == sum(rank0) == max(rank0) * 3
+
+
+def estimate(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "mpizero", "estimate", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_estimate_scale_prints_stages_1_to_3_and_the_exact_sums_headroom():
+    done = estimate("--model", "transformer", "--ranks", "4096", "--micro-batches", "32768", "--scale")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    rows = [
+        line.split() for line in lines[[n for n, line in enumerate(lines) if line.startswith("stage  groups")][0] + 1 :]
+    ]
+    assert [row[0] for row in rows[:3]] == ["1", "2", "3"]
+    assert "12,289" in rows[0]  # 4096 ranks x (master + 2 AdamW states) files, and the manifest
+    assert "take 15 of the int64 sum's 62 bits, leaving 47" in done.stdout
+
+
+def test_estimate_scale_needs_a_model():
+    done = estimate("--params", "7.5e9", "--ranks", "64", "--scale")
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith(
+        "--scale needs --model NAME: the groups and tensors it counts come from the model"
+    )

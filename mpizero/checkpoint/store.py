@@ -202,13 +202,13 @@ def _has_manifest(directory: str, name: str) -> bool:
 def load(engine, path: str, overrides: Collection[str] = ()) -> dict:
     """Fill ``engine``'s master and optimizer state from a checkpoint at any world size and stage (collective).
 
-    Every rank checks the manifest (checksum, structure, then ``compat.check``
-    with ``overrides``) before it reads a value, and every file it reads; any
-    problem raises the same CheckpointError on every rank. Returns the saved training state.
+    Rank 0 reads the manifest and checks its checksum and structure once (its size grows with the
+    number of ranks); every rank gets it, checks it (``compat.check`` with ``overrides``) before it
+    reads a value, and checks every file it reads; any problem raises the same error on every rank.
+    Returns the saved training state.
     """
-    saved, problem = None, None
+    saved, problem = _manifest_from_rank_0(engine.collectives, path), None
     try:
-        saved = manifest.read(path)
         compat.check(engine, saved, os.path.join(path, MANIFEST), overrides)
         reader = PieceReader(path, saved)
         for piece in engine.owned_pieces():
@@ -224,6 +224,19 @@ def load(engine, path: str, overrides: Collection[str] = ()) -> dict:
     engine.publish()
     engine.restore_scale_state(saved["scales"])
     return saved["training"]
+
+
+def _manifest_from_rank_0(collectives, path: str) -> dict:
+    """The checkpoint's manifest, read and verified on rank 0 only and broadcast; or the same error everywhere."""
+    found = None
+    if collectives.comm.Get_rank() == 0:
+        try:
+            found = manifest.read(path)
+        except CheckpointError as error:
+            found = str(error)
+    found = collectives.bcast_object(found, "the checkpoint manifest")
+    agree.raise_if_any(collectives, found if isinstance(found, str) else None, "cannot load checkpoint")
+    return found
 
 
 def consolidate(path: str, output: str, include_optimizer: bool = False) -> list[str]:

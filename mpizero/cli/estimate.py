@@ -2,17 +2,25 @@
 
 Run: ``python -m mpizero estimate --params 7.5e9 --ranks 64`` (the ZeRO paper's
 formulas), or ``python -m mpizero estimate --model transformer --ranks 4``
-(mpizero's own buffers for that model, padding counted exactly).
+(mpizero's own buffers for that model, padding counted exactly). ``--scale``
+adds, per stage, collective calls and bytes per step, agreement bytes and what
+one checkpoint save writes: ``estimate --model transformer --width 4416
+--layers 32 --heads 32 --precision bf16 --ranks 4096 --micro-batches 32768 --scale``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 
 from mpizero.cli import options
 from mpizero.core import formulas
 from mpizero.core.errors import ZeroError
+from mpizero.core.exact import FLOAT32_BITS, SUM_BITS
 from mpizero.core.memory import format_bytes
+from mpizero.training.registry import Size, entry, formula_setups, param_shapes
+from mpizero.training.trainer import make_groups
 
 OUTPUTS: dict[str, str] = {}
 
@@ -28,12 +36,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add(parser, "model", default=None, help="predict mpizero's own buffers for this model")
     options.add(parser, *options.MODEL_SETTINGS[1:])
     options.add(parser, "micro_batches", help="micro-batches per step, all ranks (stage 3 gathers once per round)")
+    parser.add_argument(
+        "--scale", action="store_true", help="with --model: calls, bytes per step and checkpoint files per stage"
+    )
 
 
 def check(args, world_size: int) -> None:
     """Raise a ZeroError unless there is something to estimate, at sizes the model can have."""
     if args.params is None and args.model is None:
         raise ZeroError("give --params PSI (the paper's formulas) or --model NAME (mpizero's buffers), or both")
+    if args.scale and args.model is None:
+        raise ZeroError("--scale needs --model NAME: the groups and tensors it counts come from the model")
     if args.model is not None:
         options.raise_problems(options.model_problems(args))
 
@@ -45,6 +58,8 @@ def run(args, comm) -> int:
         print_paper_table(args.params, args.ranks, args.k)
     if args.model is not None:
         print_model_table(args)
+    if args.scale:
+        print_scale_table(args)
     return 0
 
 
@@ -66,3 +81,53 @@ def print_model_table(args) -> None:
         traffic = sum(formulas.traffic_per_step(setup, rounds).values())
         cells = "".join(f"{format_bytes(held[k]):>12}" for k in kinds)
         print(f"{stage:<6}{cells}{format_bytes(states):>12}{format_bytes(traffic):>14}")
+
+
+def print_scale_table(args) -> None:
+    """Per stage 1-3: bytes held, calls and bytes per step by collective, and one checkpoint save, per rank.
+
+    Stages 1-3 reduce gradients by reduce-scatter only, so no all-reduce column is shown.
+    """
+    model = entry(args.model, Size.of(args)).build(entry(args.model, Size.of(args)).load())
+    shapes = param_shapes(model)
+    n, rounds = args.ranks, -(-args.micro_batches // args.ranks)
+    setups = formula_setups(model, n, args.precision, args.reduction, args.optimizer, args.bucket_elems)
+    headroom = (args.micro_batches - 1).bit_length()
+    print(
+        f"at scale: {sum(map(math.prod, shapes.values())):,} parameters, {n} ranks, {args.micro_batches} "
+        f"micro-batches per step ({rounds} per rank), clip on"
+    )
+    print("per rank and step (sent = received): rs/ag/agr = reduce-scatter/all-gather/agreement")
+    print(
+        f"{'stage':<6}{'groups':>7}{'held':>11}{'rs':>11}{'ag':>11}{'agr':>11}{'calls rs/ag/agr':>16}"
+        f"{'ckpt files':>11}{'per rank':>11}{'pieces':>10}{'manifest':>11}"
+    )
+    for stage, setup in setups:
+        if stage == 0:
+            continue
+        numels = [tuple(math.prod(shapes[name]) for name in g) for g in make_groups(model, stage, args.bucket_elems)]
+        held = sum(formulas.engine_bytes(setup).values())
+        sent = formulas.traffic_per_step(setup, rounds)
+        calls = formulas.calls_per_step(setup, rounds, True, args.reduction)
+        agreed = formulas.agreement_bytes_per_step(setup, tuple(map(len, numels)), args.micro_batches, True)
+        save = formulas.checkpoint_per_save(setup, tuple(numels))
+        manifest = save["pieces"] * _json_bytes(PIECE) + (save["files"] - 1) * _json_bytes(FILE)
+        cells = "".join(f"{format_bytes(b):>11}" for b in (held, sent["reduce_scatter"], sent["allgather"], agreed))
+        counts = "/".join(str(calls[op]) for op in ("reduce_scatter", "allgather", "agreement"))
+        print(
+            f"{stage:<6}{len(numels):>7}{cells}{counts:>16}{save['files']:>11,}"
+            f"{format_bytes(save['bytes per rank']):>11}{save['pieces']:>10,}{format_bytes(manifest):>11}"
+        )
+    print(
+        f"exact reduction: {args.micro_batches} contributions take {headroom} of the int64 sum's {SUM_BITS} bits, "
+        f"leaving {SUM_BITS - headroom} (it refuses above 2**{SUM_BITS - FLOAT32_BITS} contributions)"
+    )
+
+
+PIECE = {"name": "h31.attn.w", "start": 123456789, "stop": 123456789, "at": 123456789}
+FILE = {"rank04095-exp_avg.npy": {"bytes": 12345678, "sha256": "0" * 64, "dtype": "float32", "shape": [1234567]}}
+
+
+def _json_bytes(entry: dict) -> int:
+    """About how many bytes one more such entry adds to the manifest (written with ``indent=1``)."""
+    return len(json.dumps([[entry]], indent=1)) - len(json.dumps([[]], indent=1))

@@ -12,10 +12,12 @@ length on every rank, and every rank makes the same calls in the same order.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pickle
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -33,11 +35,12 @@ WIRE_VIEWS = {"bfloat16": np.uint16, "float16": np.uint16}
 
 @dataclass
 class Traffic:
-    """Per collective: calls, and bytes this rank sent and received (ring/recursive algorithms)."""
+    """Per collective: calls, bytes this rank sent and received (ring/recursive algorithms), and seconds inside."""
 
     calls: Counter = field(default_factory=Counter)
     sent: Counter = field(default_factory=Counter)
     received: Counter = field(default_factory=Counter)
+    seconds: Counter = field(default_factory=Counter)  # wall time blocked in the call (or its wait), not overlapped
 
     def record(self, op: str, full_bytes: int, world_size: int) -> None:
         """Count one call on a full (unsharded) buffer of ``full_bytes``; an all-reduce makes two passes."""
@@ -56,8 +59,17 @@ class Traffic:
         self.sent["agreement"] += payload
         self.received["agreement"] += received
 
+    @contextlib.contextmanager
+    def timed(self, op: str):
+        """Add the wall time of the ``with`` body to ``seconds[op]``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[op] += time.perf_counter() - start
+
     def clear(self) -> None:
-        for counter in (self.calls, self.sent, self.received):
+        for counter in (self.calls, self.sent, self.received, self.seconds):
             counter.clear()
 
 
@@ -66,11 +78,11 @@ class Pending:
 
     def __init__(self, request=None, finish=None, keep=()) -> None:
         self.request, self.finish, self.keep = request, finish, keep  # keep: buffers MPI still reads
-        self.op, self.watchdog = "", None
+        self.op, self.watchdog, self.traffic = "", None, None
 
     def wait(self) -> None:
         if self.request is not None:
-            with self.watchdog.waiting(self.op):
+            with self.watchdog.waiting(self.op), self.traffic.timed(self.op):
                 self.request.Wait()
             self.request = None
         if self.finish is not None:
@@ -145,7 +157,7 @@ class Collectives:
         """
         total = np.empty_like(local)
         self.traffic.record_control(local.nbytes, local.nbytes)
-        with self.watchdog.waiting("agreement"):
+        with self.watchdog.waiting("agreement"), self.traffic.timed("agreement"):
             self.comm.Allreduce(local, total, op=_sum_first_max_rest())
         return total
 
@@ -171,7 +183,7 @@ class Collectives:
         """``op`` over every rank's small host array (a control message: counted as agreement)."""
         recv = np.empty_like(send)
         self.traffic.record_control(send.nbytes, send.nbytes)
-        with self.watchdog.waiting(f"allreduce of {what}"):
+        with self.watchdog.waiting(f"allreduce of {what}"), self.traffic.timed("agreement"):
             self.comm.Allreduce(send, recv, op=op)
         return recv
 
@@ -182,7 +194,7 @@ class Collectives:
     def _control(self, op: str, value, call, gathers: bool = False):
         payload = len(pickle.dumps(value))
         self.traffic.record_control(payload, payload * (self.comm.Get_size() if gathers else 1))
-        with self.watchdog.waiting(op):
+        with self.watchdog.waiting(op), self.traffic.timed("agreement"):
             return call()
 
     def reduce_scatter(self, send, recv, blocking: bool = True) -> Pending:
@@ -219,9 +231,9 @@ class Collectives:
     def _run(self, op: str, full_bytes: int, collective, send, recv, blocking: bool) -> Pending:
         """Count the call, start ``collective(send, recv)`` on wire views, and wait if blocking."""
         self.traffic.record(op, full_bytes, self.comm.Get_size())
-        with self.watchdog.waiting(op):
+        with self.watchdog.waiting(op), self.traffic.timed(op):
             pending = self._start(collective, _wire(send), _wire(recv))
-        pending.op, pending.watchdog = op, self.watchdog
+        pending.op, pending.watchdog, pending.traffic = op, self.watchdog, self.traffic
         if blocking:
             pending.wait()
         return pending

@@ -9,9 +9,11 @@ its buffers exactly, padding included, kind by kind as ``memory`` names them.
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 
 from mpizero.core.partition import Partition
+from mpizero.core.reduction import REDUCTIONS
 from mpizero.core.stages import GradientCollective, ShardPlan, sharding, span
 
 PAPER_K = 12
@@ -110,3 +112,64 @@ def formula_setup(engine) -> Setup:
         engine.config.align,
         engine.collectives.shared and engine.groups[0].xp is np,
     )
+
+
+# Collective calls, agreement bytes and checkpoint files: what grows with the number of ranks and what does not.
+
+FLAG_BYTES = len(pickle.dumps(False))  # a pickled bool, as ``allreduce_value`` sends it
+FLOAT_BYTES = len(pickle.dumps(0.5))  # a pickled float: every float pickles to the same length
+NORM_SUM_BYTES = len(pickle.dumps(2**62 - 1))  # the norm's fixed-point sum: at most this long (smaller ints: fewer)
+
+
+def calls_per_step(setup: Setup, rounds: int = 1, clip: bool = True, reduction: str = "exact") -> dict[str, int]:
+    """Collective calls each rank makes in one ``Trainer.step`` with no problem, by the op ``Traffic`` counts.
+
+    ``agreement``: the data-loading flag, one ``agree`` per group, the norm's maximum and sum (when clipping
+    at stages 1-3), the overflow flag (``native`` reduction) and the losses: none depends on the number of ranks.
+    """
+    plans = setup.plans()
+    calls = {"reduce_scatter": 0, "allreduce": 0, "allgather": 0}
+    for plan in plans:
+        calls[plan.gradient_collective.value] += 1
+        calls["allgather"] += plan.allgathers_per_step(rounds)
+    norm = 2 if clip and plans[0].norm_needs_all_ranks else 0
+    calls["agreement"] = 1 + len(plans) + norm + int(REDUCTIONS[reduction].result_can_overflow) + 1
+    return calls
+
+
+def agreement_bytes_per_step(
+    setup: Setup, tensors: tuple[int, ...], micro_batches: int, clip: bool = True, reduction: str = "exact"
+) -> int:
+    """Agreement bytes each rank hands in (and gets back) in one ``Trainer.step``; ``tensors``: tensors per group.
+
+    Constant in the number of ranks but for the losses, one float64 slot per global micro-batch. With
+    clipping the norm's sum is counted at its longest pickle; a smaller sum is up to a few bytes shorter.
+    """
+    plans = setup.plans()
+    per_group = sum(8 * (2 + t) for t in tensors)  # (count, problem flag, one maximum per tensor), float64
+    norm = FLOAT_BYTES + NORM_SUM_BYTES if clip and plans[0].norm_needs_all_ranks else 0
+    overflow = FLAG_BYTES if REDUCTIONS[reduction].result_can_overflow else 0
+    return FLAG_BYTES + per_group + norm + overflow + 8 * micro_batches
+
+
+def checkpoint_per_save(setup: Setup, tensor_numels: tuple[tuple[int, ...], ...]) -> dict[str, int]:
+    """One checkpoint save: files (one per rank and state, and the manifest), fp32 bytes (headers left out), pieces.
+
+    ``tensor_numels``: each group's tensors' element counts, in layout order. A piece is one tensor's part
+    of one rank's shard, so the manifest lists about N pieces per group: it grows with the number of ranks.
+    """
+    states = 1 + setup.optimizer_states
+    pieces = 0
+    for partition, numels in zip(setup.partitions(), tensor_numels, strict=True):
+        shard, start = partition.shard_numel, 0
+        for numel in numels:
+            if numel:
+                pieces += (start + numel - 1) // shard - start // shard + 1
+            start += numel
+    partitions = setup.partitions()
+    return {
+        "files": setup.ranks * states + 1,
+        "bytes": 4 * states * sum(p.numel for p in partitions),
+        "bytes per rank": 4 * states * sum(span(p.data_range(0)) for p in partitions),  # rank 0 writes the most
+        "pieces": pieces,
+    }
