@@ -146,7 +146,7 @@ def agreement_bytes_per_step(
     clipping the norm's sum is counted at its longest pickle; a smaller sum is up to a few bytes shorter.
     """
     plans = setup.plans()
-    per_group = sum(8 * (2 + t) for t in tensors)  # (count, problem flag, one maximum per tensor), float64
+    per_group = sum(8 * (3 + t) for t in tensors)  # (count, problem flag, early flag, one maximum per tensor)
     norm = FLOAT_BYTES + NORM_SUM_BYTES if clip and plans[0].norm_needs_all_ranks else 0
     overflow = FLAG_BYTES if REDUCTIONS[reduction].result_can_overflow else 0
     return FLAG_BYTES + per_group + norm + overflow + 8 * micro_batches
