@@ -14,7 +14,7 @@ def identity_runs():
 
 def test_every_stage_gives_the_same_bytes(identity_runs):
     lines = identity_runs[1].strip().splitlines()
-    assert len(lines) == 16  # 2 models x 2 precisions x 4 stages
+    assert len(lines) == 24  # 2 models x 3 precisions x 4 stages; 4 micro-batches: 4, 2, 1-2 and 1 per rank
     by_config = {}
     for line in lines:
         model, precision, _, stage, digest = line.split()

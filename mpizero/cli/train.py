@@ -100,6 +100,7 @@ def run(args, comm) -> int:
     task = entry(args.model, Size.of(args))
     data = task.load()
     model = task.build(data)
+    rss_baseline = peak_rss_bytes()  # the interpreter, NumPy, MPI and the data: before any training state
     precision = PRECISIONS[args.precision]
     xp = device_module(args.device)
     engine = make_engine(args, model, precision, comm, xp)
@@ -139,7 +140,7 @@ def run(args, comm) -> int:
             save_flat(args.save_params, model, master)
         if args.memory_json:
             with open(args.memory_json, "w") as f:
-                json.dump({**engine.memory_report(), "rss_steps": rss_steps}, f)
+                json.dump({**engine.memory_report(), "rss_baseline": rss_baseline, "rss_steps": rss_steps}, f)
     return 0
 
 

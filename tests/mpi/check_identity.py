@@ -1,4 +1,4 @@
-"""Train both models at every stage in fp32 and bf16; print one digest line per run.
+"""Train both models at every stage in fp32, bf16 and fp16; print one digest line per run.
 
 Run: mpiexec -n N python -m mpi4py tests/mpi/check_identity.py
 The caller compares the lines across world sizes: they must be identical. Also
@@ -31,7 +31,7 @@ MODELS = {
 }
 
 for name, (model, batch) in MODELS.items():
-    for precision_name in ("fp32", "bf16"):
+    for precision_name in ("fp32", "bf16", "fp16"):
         for stage in STAGES:
             precision = PRECISIONS[precision_name]
             engine = ZeroEngine(
@@ -40,8 +40,8 @@ for name, (model, batch) in MODELS.items():
                 comm=comm,
                 groups=make_groups(model, stage, bucket_elems=700),
                 stage=stage,
-                param_dtype=precision.param_dtype.name,
                 clip_norm=0.5,
+                **precision.engine_settings(),
             )
             trainer = Trainer(model, engine, precision)
             for step in range(1, STEPS + 1):

@@ -1,0 +1,35 @@
+"""Gradient accumulation costs no per-micro-batch memory, and the engine's accounting explains the process's."""
+
+import json
+
+import pytest
+from mpirun import run_mpi_ok
+
+MIB = 2**20
+# 12.7M parameters; the same global batch of 32 sequences as 2 or 16 micro-batches over 2 ranks
+MODEL = ["--model", "transformer", "--width", "512", "--layers", "4", "--block-size", "16", "--global-batch", "32"]
+MARGIN = 256 * MIB  # besides the engine's buffers: the initial values handed to it, activations, allocator slack
+
+
+def memory_report(tmp_path, micro_batches: int) -> dict:
+    path = tmp_path / f"memory-{micro_batches}.json"
+    args = ["-m", "mpizero", "train", *MODEL, "--micro-batches", str(micro_batches), "--stage", "3", "--steps", "2"]
+    run_mpi_ok(2, [*args, "--memory-json", str(path), "--log-every", "100"], timeout=240)
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("accumulation")
+    return {per_rank: memory_report(tmp_path, 2 * per_rank) for per_rank in (1, 8)}
+
+
+def test_eight_micro_batches_per_rank_need_no_more_memory_than_one(reports):
+    assert reports[8]["rss_steps"] <= 1.10 * reports[1]["rss_steps"], {k: r["rss_steps"] for k, r in reports.items()}
+
+
+@pytest.mark.parametrize("per_rank", [1, 8])
+def test_the_engines_peak_explains_the_process_memory_above_the_baseline(reports, per_rank):
+    report = reports[per_rank]
+    beyond_baseline = report["rss_steps"] - report["rss_baseline"]
+    assert report["peak_total"] <= beyond_baseline <= report["peak_total"] + MARGIN, report
