@@ -163,9 +163,13 @@ class ShardedModel:
         """The full float32 master parameters by name, on every rank (collective)."""
         return self.engine.master_params()
 
-    def save(self, directory: str, keep: int | None = None) -> str:
-        """Write a sharded checkpoint (collective, ``mpizero.checkpoint.store`` format); return its path."""
+    def save(self, directory: str, data: dict | None = None, keep: int | None = None) -> str:
+        """Write a sharded checkpoint (collective, ``mpizero.checkpoint.store`` format); return its path.
+
+        ``data``: JSON values of your own (a data position, a seed), returned by ``load`` as ``["data"]``.
+        """
         state = {
+            "data": dict(data or {}),
             "step": self.engine.step_count + self.engine.skipped_steps,
             "optimizer_steps": self.engine.step_count,
             "skipped_steps": self.engine.skipped_steps,
