@@ -11,10 +11,10 @@ model = torch.nn.Sequential(torch.nn.Linear(3, 16), torch.nn.GELU(), torch.nn.Li
 zero = shard(model, mpizero.AdamW(lr=0.02, weight_decay=0.0), stage=3)  # comm defaults to COMM_WORLD
 
 true_w = torch.tensor([[2.0], [-1.0], [0.5]])
-for step in range(200):
+for step in range(300):
     for micro in range(2):  # this rank's micro-batches: one backward = one contribution
         data = torch.Generator().manual_seed(1000 * step + 10 * comm.rank + micro)
-        x = torch.randn(16, 3, generator=data)
+        x = torch.randn(32, 3, generator=data)
         loss = torch.nn.functional.mse_loss(model(x), x @ true_w + 0.3)
         loss.backward()
     zero.step()  # the mean over every contribution of every rank; update; publish
