@@ -31,6 +31,8 @@ CONFIGS = [
     "mpizero-3-exact",
     "mpizero-2-native",
     "mpizero-3-native",
+    "mpizero.torch-2",
+    "mpizero.torch-3",
 ]
 
 
@@ -95,6 +97,44 @@ def mpizero_worker(args, config: str) -> dict:
     }
 
 
+def torch_mlp(args):
+    import torch
+
+    torch.manual_seed(0)
+    layers = []
+    for i in range(args.layers):
+        layers.append(torch.nn.Linear(args.width, args.width))
+        if i < args.layers - 1:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+def mpizero_torch_worker(args, config: str) -> dict:
+    """The torch model trained through ``mpizero.torch.shard`` (exact reduction), one backward per step."""
+    import torch
+    from mpi4py import MPI
+
+    from mpizero import Adam
+    from mpizero.torch import shard
+
+    torch.set_num_threads(1)
+    comm = MPI.COMM_WORLD
+    model = torch_mlp(args)
+    zero = shard(model, Adam(lr=1e-4), stage=int(config.split("-")[1]), comm=comm)
+
+    def step_fn(step: int) -> None:
+        x, y = (torch.from_numpy(a) for a in local_batch(args, comm.rank, comm.size, step))
+        zero.last_backward()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        zero.step()
+
+    times = timed_steps(args, comm.Barrier, step_fn)
+    slowest = np.empty(len(times))
+    comm.Allreduce(np.array(times), slowest, op=MPI.MAX)
+    rss = comm.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, op=MPI.MAX)
+    return {"times": slowest.tolist(), "rss": rss}
+
+
 def torch_worker(args, config: str) -> dict:
     import torch
     import torch.distributed as dist
@@ -102,13 +142,7 @@ def torch_worker(args, config: str) -> dict:
     torch.set_num_threads(1)
     rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=size)
-    torch.manual_seed(0)
-    layers = []
-    for i in range(args.layers):
-        layers.append(torch.nn.Linear(args.width, args.width))
-        if i < args.layers - 1:
-            layers.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers)
+    model = torch_mlp(args)
     if config == "torch-ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     else:
@@ -165,7 +199,8 @@ def run_config(args, config: str) -> dict:
 def main() -> None:
     args = parse()
     if args.worker:
-        result = (torch_worker if args.worker.startswith("torch") else mpizero_worker)(args, args.worker)
+        workers = {"torch": torch_worker, "mpizero.torch": mpizero_torch_worker, "mpizero": mpizero_worker}
+        result = workers[args.worker.split("-")[0]](args, args.worker)
         if int(os.environ.get("PMI_RANK", "0")) == 0:
             print(json.dumps(result), flush=True)
         if args.worker.startswith("torch"):

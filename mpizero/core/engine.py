@@ -127,11 +127,14 @@ class ZeroEngine:
             for index in range(len(self.groups)):
                 self.release(index)
 
-    def gather(self, index: int, blocking: bool = True) -> dict:
-        """Gather group ``index``'s full params (stage 3); return its views by name once complete."""
+    def gather(self, index: int, blocking: bool = True, out=None) -> dict:
+        """Gather group ``index``'s full params (stage 3); return its views by name once complete.
+
+        ``out``: a buffer of the group's padded numel in the param dtype to gather into (zero-copy callers).
+        """
         group = self.groups[index]
         self.collectives.watchdog.context = f"step {self.step_number}, gathering group {index}"
-        group.gather(self.collectives, blocking=blocking or not self.config.overlap)
+        group.gather(self.collectives, blocking=blocking or not self.config.overlap, out=out)
         self._note_gathered()
         return group.views() if group.state is ParamState.UNSHARDED else {}
 

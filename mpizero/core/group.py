@@ -99,14 +99,24 @@ class FlatGroup:
     def init_optimizer(self, state_names) -> None:
         self.optimizer_state = {n: self.xp.zeros_like(self.master_shard) for n in state_names}
 
-    def gather(self, collectives, blocking: bool = True) -> None:
-        """Start making the full params exist (all-gather at stage 3); finish at once if blocking."""
+    def gather(self, collectives, blocking: bool = True, out=None) -> None:
+        """Start making the full params exist (all-gather at stage 3); finish at once if blocking.
+
+        ``out``: a caller's buffer (padded numel, param dtype) to gather into instead of a new one.
+        """
         if self.state is ParamState.SHARDED:
-            self.full_params = self.xp.empty(self.partition.padded_numel, dtype=self.param_dtype)
+            numel = self.partition.padded_numel
+            self.full_params = self.xp.empty(numel, dtype=self.param_dtype) if out is None else self._checked(out)
             self.pending_gather = collectives.allgather(self.param_shard, self.full_params, blocking=False)
             self.state = ParamState.GATHERING
         if blocking:
             self._finish_gather()
+
+    def _checked(self, out):
+        expected = (self.partition.padded_numel,)
+        if tuple(out.shape) != expected or out.dtype != self.param_dtype:
+            raise ValueError(f"out must be {self.param_dtype}{list(expected)}, got {out.dtype}{list(out.shape)}")
+        return out
 
     def _finish_gather(self) -> None:
         if self.state is ParamState.GATHERING:

@@ -1,0 +1,6 @@
+"""mpizero for PyTorch modules: ``shard(model, optimizer, stage=...)`` (needs ``pip install mpizero[torch]``)."""
+
+from mpizero.torch.shard import ShardedModel, shard
+from mpizero.torch.units import default_units
+
+__all__ = ["ShardedModel", "default_units", "shard"]

@@ -1,0 +1,78 @@
+"""Which submodules form units, and which parameters each unit owns and needs.
+
+Glossary:
+
+- unit: a module whose parameters are gathered together just before its
+  forward (and again for its backward) and freed after, at stage 3; one engine
+  group per unit that owns parameters.
+- owned parameters: those whose canonical name (the first name
+  ``named_parameters`` gives a tied or shared parameter) lies in the unit and in
+  no unit nested in it. Every trainable parameter is owned by exactly one unit.
+- needed parameters: every trainable parameter the unit's own modules hold
+  (nested units excluded), owned here or elsewhere (a tied weight): what must be
+  gathered before the unit runs.
+The model itself is the outermost unit when it holds parameters no other unit holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One unit: its module, qualified name, owned and needed parameter names (canonical)."""
+
+    module: torch.nn.Module
+    name: str
+    owned: tuple[str, ...]
+    needed: tuple[str, ...]
+
+
+def default_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Each child module holding parameters, looking inside ``ModuleList`` and ``ModuleDict``."""
+    found = []
+    for child in model.children():
+        if isinstance(child, CONTAINERS):
+            found.extend(default_units(child))
+        elif any(True for _ in child.parameters()):
+            found.append(child)
+    return found
+
+
+def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """The trainable parameters by canonical name, in the model's order (tied ones once)."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def plan_units(model: torch.nn.Module, modules: Sequence[torch.nn.Module]) -> list[Unit]:
+    """The model (if it holds parameters no unit holds) and ``modules`` as units, in the model's order."""
+    qualified = {id(m): name for name, m in model.named_modules()}
+    unknown = [type(m).__name__ for m in modules if id(m) not in qualified]
+    if unknown:
+        raise ValueError(f"units must be submodules of the model, got {unknown}")
+    canonical = {id(p): name for name, p in trainable(model).items()}
+    chosen = {id(m) for m in modules}
+    units = []
+    for module in [model, *sorted(modules, key=lambda m: list(qualified).index(id(m)))]:
+        prefix = f"{qualified[id(module)]}." if module is not model else ""
+        held = [(name, p) for name, p in _own_params(module, prefix, chosen - {id(module)}) if id(p) in canonical]
+        owned = tuple(name for name, p in held if canonical[id(p)] == name)
+        needed = tuple(dict.fromkeys(canonical[id(p)] for _, p in held))
+        if needed or module is not model:
+            units.append(Unit(module, qualified[id(module)] or "<model>", owned, needed))
+    return units
+
+
+def _own_params(module: torch.nn.Module, prefix: str, stop: set[int]) -> Iterator[tuple[str, torch.nn.Parameter]]:
+    """Parameters under ``module`` by qualified name, not descending into modules in ``stop``."""
+    for name, p in module.named_parameters(recurse=False, remove_duplicate=False):
+        yield prefix + name, p
+    for name, child in module.named_children():
+        if id(child) not in stop:
+            yield from _own_params(child, f"{prefix}{name}.", stop)
