@@ -55,10 +55,10 @@ def worker(args) -> None:
 
     from mpizero import AdamW, ZeroEngine
     from mpizero.core import formulas
+    from mpizero.core.precision import PRECISIONS
     from mpizero.training.datasets import Corpus
     from mpizero.training.trainer import DEFAULT_BUCKET_ELEMS, Trainer, make_groups
     from mpizero.training.transformer import Transformer
-    from mpizero.core.precision import PRECISIONS
 
     threadpool_limits(limits=1)
     comm = MPI.COMM_WORLD

@@ -127,6 +127,12 @@ def test_train_params_are_byte_identical_at_2x2_1x4_and_1(cluster, tmp_path):
     assert crossed["2x2"] < 0.75 * crossed["flat"], crossed
 
 
+def test_native_reduction_is_deterministic_at_2x2(cluster, tmp_path):
+    for run in ("a", "b"):
+        train(cluster, [2, 2], 3, 2, "--reduction", "native", "--save-params", tmp_path / f"{run}.npy")
+    assert sha256(tmp_path / "a.npy") == sha256(tmp_path / "b.npy")
+
+
 def test_resume_across_a_node_count_change_is_byte_identical(cluster, tmp_path):
     checkpoints, resumed, straight = tmp_path / "ckpt", tmp_path / "resumed.npy", tmp_path / "straight.npy"
     train(cluster, [2, 2], 3, 2, "--checkpoint-dir", checkpoints, "--checkpoint-every", 2)

@@ -208,15 +208,19 @@ class Collectives:
     def allgather(self, send, recv, blocking: bool = True, counted_as: str = "allgather") -> Pending:
         """Concatenate every rank's ``send`` into ``recv`` in rank order; counted under ``counted_as``."""
         if self._gathers_in_two_levels(recv):
-            return self._run(counted_as, recv.nbytes, self.levels.allgather, send, recv, True, True)
+            return self._run(counted_as, recv.nbytes, self._two_level_gather, send, recv, blocking, True)
         call = self.comm.Allgather if blocking else self.comm.Iallgather
         return self._run(counted_as, recv.nbytes, call, send, recv, blocking)
 
     def allgather_in_place(self, full) -> Pending:
         """All-gather into ``full``, whose block for this rank already holds its shard."""
         if self._gathers_in_two_levels(full):
-            return self._run("allgather", full.nbytes, self.levels.allgather, None, full, True, True)
+            return self._run("allgather", full.nbytes, self._two_level_gather, None, full, True, True)
         return self._run("allgather", full.nbytes, lambda _, r: self.comm.Allgather(MPI.IN_PLACE, r), None, full, True)
+
+    def _two_level_gather(self, send, full) -> Pending:
+        request, finish = self.levels.start_allgather(send, full)
+        return Pending(request, finish, keep=(send, full))
 
     def _gathers_in_two_levels(self, recv) -> bool:
         return self.paths.two_level and not is_device_array(recv)
@@ -234,7 +238,8 @@ class Collectives:
     def _start(self, collective, send, recv) -> Pending:
         """Start the call; the Pending holds its buffers, so none is freed while MPI may still use it."""
         if not is_device_array(recv):
-            return Pending(collective(send, recv), keep=(send, recv))
+            started = collective(send, recv)  # a request, or a Pending that finishes in more than one step
+            return started if isinstance(started, Pending) else Pending(started, keep=(send, recv))
         if self.paths.device == "cuda-aware":
             array_module(recv).cuda.get_current_stream().synchronize()
             return Pending(collective(send, recv), keep=(send, recv))

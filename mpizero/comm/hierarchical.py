@@ -18,8 +18,10 @@ receives the sum of its own block. Only ``1/ranks_per_node`` of the full buffer
 leaves a rank for other nodes, against all of it on the flat path.
 
 All-gather, the reverse: across nodes, the ranks of an across communicator
-gather their blocks into their shared segments; inside the node, every rank
-copies every segment's blocks into place.
+gather their blocks (nonblocking, so it overlaps computation as the flat
+``Iallgather`` does); inside the node, once that completes, each rank puts
+what it gathered into its shared segment and every rank copies every
+segment's blocks into place.
 
 Int64 (exact) sums are the same bits in any order, so the same as MPI's flat
 reduce-scatter; float32 (native) sums follow a fixed order (the node's ranks
@@ -66,15 +68,25 @@ class TwoLevel:
             else:
                 self.across.Reduce_scatter_block(partial, recv, op=MPI.SUM)
 
-    def allgather(self, send: np.ndarray | None, full: np.ndarray) -> None:
-        """Every rank's block into ``full`` (world_size blocks); ``send`` None: this rank's block of ``full``."""
+    def start_allgather(self, send: np.ndarray | None, full: np.ndarray):
+        """Start gathering every rank's block into ``full`` (world_size blocks); return (request, finish).
+
+        ``send`` None: this rank's block of ``full``. The request is the across-node all-gather, in flight
+        while the caller computes; ``finish``, once it completes, copies the node's blocks into place.
+        """
         block = full.size // self.comm.Get_size()
         mine = self.comm.Get_rank() * block
         send = full[mine : mine + block].copy() if send is None else send
-        gathered = self.gather_arena.buffer(len(self.own_owners) * block, full.dtype)
+        across = np.empty(len(self.own_owners) * block, full.dtype)  # this rank's across blocks, in across order
         with self.watchdog.waiting("all-gather across nodes"):
-            self.across.Allgather(send, gathered)
-        with self.gather_arena.reading(gathered) as views:
+            request = self.across.Iallgather(send, across)
+        return request, lambda: self._gather_node(across, full, block)
+
+    def _gather_node(self, across: np.ndarray, full: np.ndarray, block: int) -> None:
+        """Copy every node rank's across blocks, through the shared arena, into ``full`` (collective on the node)."""
+        shared = self.gather_arena.buffer(across.size, across.dtype)
+        shared[...] = across
+        with self.gather_arena.reading(shared) as views:
             for segment, owners in zip(views, self.owners):
                 for j, owner in enumerate(owners):
                     full[owner * block : (owner + 1) * block] = segment[j * block : (j + 1) * block]
