@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from cluster.nodes import NETNS_DIR, cluster_or_skip, kill_session
+from cluster.nodes import NETNS_DIR, cluster_or_skip, kill_session, nodes
 from mpirun import ROOT, rank_pids
 
 from mpizero.comm import paths
@@ -99,6 +99,22 @@ def test_setup_predicts_inter_node_traffic_by_level():
 
 
 # On namespace nodes.
+
+
+def test_nodes_are_made_apart_and_always_torn_down():
+    with cluster_or_skip(2) as first:
+        with pytest.raises(RuntimeError, match="inside the block"), nodes(3) as second:
+            assert not set(netns_names(first)) & set(netns_names(second))
+            shown = second.run(2, ["sh", "-c", "hostname; grep node0 /etc/hosts"]).stdout.split()
+            assert shown == ["node2", second.nodes[0].address, "node0"]
+            raise RuntimeError("inside the block")
+        assert not any((NETNS_DIR / name).exists() for name in netns_names(second))
+        assert all((NETNS_DIR / name).exists() for name in netns_names(first))
+    assert not any((NETNS_DIR / name).exists() for name in netns_names(first))
+
+
+def netns_names(cluster) -> list[str]:
+    return [cluster.bridge_netns, *(n.netns for n in cluster.nodes)]
 
 
 def test_two_level_collectives_are_flat_bits_and_cross_the_link(cluster):

@@ -38,7 +38,8 @@ WIRE_VIEWS = {"bfloat16": np.uint16, "float16": np.uint16}
 class Traffic:
     """Per collective: calls, and bytes this rank sent and received (ring/recursive algorithms).
 
-    ``inter_node``: of the bytes sent, those sent to ranks on other nodes (``formulas.inter_node_bytes``).
+    ``inter_node``: of the bytes sent, those sent to ranks on other nodes (``formulas.inter_node_bytes``);
+    counted for array collectives, not for ``agreement`` (control messages of a few bytes).
     """
 
     calls: Counter = field(default_factory=Counter)
@@ -198,7 +199,7 @@ class Collectives:
         reduce_scatter_in_pieces(self.comm, send, recv)
 
     def _two_level_reduce(self, arena):
-        return lambda send, recv: self.levels.reduce_scatter(arena, send, recv, paths.PIECES_FROM_BYTES)
+        return lambda send, recv: self.levels.reduce_scatter(arena, send, recv)
 
     def allreduce(self, send, recv, blocking: bool = True) -> Pending:
         """Sum ``send`` over ranks into ``recv`` on every rank."""

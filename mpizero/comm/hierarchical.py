@@ -33,7 +33,6 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
 from mpizero.comm.shared import SharedArena, sum_block
 
 
@@ -55,7 +54,7 @@ class TwoLevel:
         """World ranks of this rank's across communicator, in across order."""
         return self.owners[self.node.Get_rank()]
 
-    def reduce_scatter(self, arena: SharedArena, send: np.ndarray, recv: np.ndarray, pieces_from_bytes) -> None:
+    def reduce_scatter(self, arena: SharedArena, send: np.ndarray, recv: np.ndarray) -> None:
         """Sum ``send`` (in ``arena``; world_size blocks of ``len(recv)``) over every rank; keep this rank's block."""
         block = recv.size
         partial = np.empty(len(self.own_owners) * block, send.dtype)  # this node's sums of the across blocks
@@ -63,10 +62,7 @@ class TwoLevel:
             for j, owner in enumerate(self.own_owners):
                 sum_block(views, owner * block, partial[j * block : (j + 1) * block])
         with self.watchdog.waiting("reduce-scatter across nodes"):
-            if partial.nbytes >= pieces_from_bytes:
-                reduce_scatter_in_pieces(self.across, partial, recv)
-            else:
-                self.across.Reduce_scatter_block(partial, recv, op=MPI.SUM)
+            self.across.Reduce_scatter_block(partial, recv, op=MPI.SUM)
 
     def start_allgather(self, send: np.ndarray | None, full: np.ndarray):
         """Start gathering every rank's block into ``full`` (world_size blocks); return (request, finish).
