@@ -33,14 +33,14 @@ def cluster():
         yield made
 
 
-def run_ok(cluster, ranks_per_node, args, env=None, timeout=120) -> str:
-    done = cluster.mpiexec(ranks_per_node, [str(a) for a in args], timeout=timeout, env=env, cwd=ROOT)
+def run_ok(cluster, ranks_per_node, args, env=None, timeout=120, ranks=0) -> str:
+    done = cluster.mpiexec(ranks_per_node, [str(a) for a in args], timeout=timeout, env=env, cwd=ROOT, ranks=ranks)
     assert done.returncode == 0, f"exit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     return done.stdout
 
 
-def train(cluster, ranks_per_node, stage, steps, *extra, env=None) -> str:
-    return run_ok(cluster, ranks_per_node, [*TRAIN, "--stage", stage, "--steps", steps, *extra], env)
+def train(cluster, ranks_per_node, stage, steps, *extra, env=None, ranks=0) -> str:
+    return run_ok(cluster, ranks_per_node, [*TRAIN, "--stage", stage, "--steps", steps, *extra], env, ranks=ranks)
 
 
 def sha256(path) -> str:
@@ -122,6 +122,15 @@ def test_two_level_collectives_are_flat_bits_and_cross_the_link(cluster):
     out = run_ok(cluster, [2, 2], ["-m", "mpi4py", "tests/cluster/levels_check.py"])
     assert "two-level ok two-level 2" in out
     assert link_sent(cluster) - before > 40_000 * 8 // 2  # at least the largest int64 reduce-scatter's share
+
+
+def test_two_level_holds_with_ranks_dealt_round_the_nodes(cluster, tmp_path):
+    """Ranks 0 and 2 on node 0, 1 and 3 on node 1: local index and block order no longer agree."""
+    out = run_ok(cluster, [1, 1], ["-m", "mpi4py", "tests/cluster/levels_check.py"], ranks=4)
+    assert "two-level ok two-level 2" in out
+    for label, ranks_per_node, ranks in (("dealt", [1, 1], 4), ("one", [1], 0)):
+        train(cluster, ranks_per_node, 3, 2, "--save-params", tmp_path / f"{label}.npy", ranks=ranks)
+    assert sha256(tmp_path / "dealt.npy") == sha256(tmp_path / "one.npy")
 
 
 def test_verify_is_bitwise_at_2x2(cluster):

@@ -148,19 +148,29 @@ class Cluster:
             raise ValueError(f"{len(ranks_per_node)} nodes asked for, the cluster has {len(self.nodes)}")
         return ",".join(f"{self.nodes[i].name}:{n}" for i, n in enumerate(ranks_per_node) if n > 0)
 
-    def mpiexec_command(self, ranks_per_node: Sequence[int], args: Sequence[str]) -> list[str]:
-        """``mpiexec``, run on node 0, starting ``sys.executable ARGS`` with ``ranks_per_node[i]`` ranks on node i."""
-        ranks = sum(ranks_per_node)
+    def mpiexec_command(self, ranks_per_node: Sequence[int], args: Sequence[str], *, ranks: int = 0) -> list[str]:
+        """``mpiexec``, run on node 0, starting ``sys.executable ARGS`` with ``ranks_per_node[i]`` ranks on node i.
+
+        ``ranks`` above ``sum(ranks_per_node)``: hydra deals them out round the nodes, ``ranks_per_node[i]`` at
+        a time (``[1, 1]`` with 4 ranks: ranks 0 and 2 on node 0, 1 and 3 on node 1).
+        """
+        ranks = ranks or sum(ranks_per_node)
         launch = ["-launcher", "ssh", "-launcher-exec", str(self.launcher), "-hosts", self.hosts(ranks_per_node)]
         return self.command(0, [mpiexec_path(), *launch, "-n", str(ranks), sys.executable, *args])
 
     def start_mpiexec(
-        self, ranks_per_node: Sequence[int], args: Sequence[str], env: dict | None = None, cwd: str | Path | None = None
+        self,
+        ranks_per_node: Sequence[int],
+        args: Sequence[str],
+        env: dict | None = None,
+        cwd: str | Path | None = None,
+        *,
+        ranks: int = 0,
     ) -> subprocess.Popen:
         """Start ``mpiexec_command`` in a session of its own, over TCP between nodes; output captured as text."""
         full_env = {**os.environ, **THREADS_ENV, **TCP_ENV, **(env or {})}
         return subprocess.Popen(
-            self.mpiexec_command(ranks_per_node, args),
+            self.mpiexec_command(ranks_per_node, args, ranks=ranks),
             env=full_env,
             cwd=cwd,
             text=True,
@@ -176,9 +186,11 @@ class Cluster:
         timeout: float = 120,
         env: dict | None = None,
         cwd: str | Path | None = None,
+        *,
+        ranks: int = 0,
     ) -> subprocess.CompletedProcess:
         """Run ``start_mpiexec`` to the end; on timeout kill its session and raise AssertionError with the output."""
-        proc = self.start_mpiexec(ranks_per_node, args, env, cwd)
+        proc = self.start_mpiexec(ranks_per_node, args, env, cwd, ranks=ranks)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
