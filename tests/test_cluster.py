@@ -133,6 +133,13 @@ def test_two_level_holds_with_ranks_dealt_round_the_nodes(cluster, tmp_path):
     assert sha256(tmp_path / "dealt.npy") == sha256(tmp_path / "one.npy")
 
 
+def test_two_level_holds_on_three_nodes():
+    with cluster_or_skip(3) as three:
+        for ranks_per_node, ranks in (([2, 2, 2], 0), ([1, 1, 1], 6)):
+            out = run_ok(three, ranks_per_node, ["-m", "mpi4py", "tests/cluster/levels_check.py"], ranks=ranks)
+            assert "two-level ok two-level 3" in out
+
+
 def test_verify_is_bitwise_at_2x2(cluster):
     out = run_ok(cluster, [2, 2], ["-m", "mpizero", "verify", "--stage", "all"])
     assert out.count(": bitwise") == 4 and "ranks 4" in out, out
