@@ -45,7 +45,7 @@ class TwoLevel:
         with watchdog.waiting("set-up: splitting ranks by local index"):
             self.across = comm.Split(node.Get_rank(), comm.Get_rank())
             own = self.across.allgather(comm.Get_rank())
-            # owners[l][j]: the world rank of across rank j among the ranks with local index l on this node
+            # owners[l][j]: the world rank of across rank j in the across communicator of local index l
             self.owners: list[list[int]] = node.allgather(own)
         self.gather_arena = SharedArena(comm, node, watchdog)
 
