@@ -134,7 +134,7 @@ def run(args, comm) -> int:
     master = engine.master_params()
     if rank0:
         print_accounting(engine, -(-args.micro_batches // comm.Get_size()), trainer.reduce_each_round)
-        print(f"steps redone (scale prediction missed): {engine.redone_steps} of {args.steps - first_step + 1}")
+        print(f"redone (scale prediction missed): {engine.redone_steps} of {args.steps - first_step + 1} steps")
         print(task.evaluate(model, data, master))
         if args.save_params:
             save_flat(args.save_params, model, master)
