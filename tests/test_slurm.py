@@ -10,14 +10,15 @@ import sys
 
 import pytest
 from mpirun import ROOT, run_mpi_ok
-from slurm.cluster import local_node, slurm_cluster, unavailable_reason
+from slurm.daemons import local_node, slurm_cluster, unavailable_reason
 
-TRAIN = ["train", "--steps", "3", "--global-batch", "32", "--micro-batches", "4", "--stage", "3"]
+TRAIN = ["train", "--steps", "3", "--global-batch", "32", "--micro-batches", "8", "--stage", "3"]
 JOB_ENV = {
     "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
     "PYTHONPATH": str(ROOT),
     "PYTHON": sys.executable,
 }
+OFI_TCP = {"FI_PROVIDER": "tcp"}  # the script picks MPICH's OFI netmod; between namespace nodes, over their link
 
 
 def skip_without_slurm() -> None:
@@ -77,7 +78,7 @@ def test_srun_without_a_pmi_is_refused_rather_than_run_as_singletons(one_node):
 def test_two_node_cluster_trains_bitwise_through_the_sbatch_script(tmp_path, reference):
     skip_without_slurm()
     from cluster.nodes import TCP_ENV, cluster_or_skip
-    from slurm.cluster import SlurmNode
+    from slurm.daemons import SlurmNode
 
     with cluster_or_skip(2) as namespaces:
         nodes = [
@@ -85,5 +86,5 @@ def test_two_node_cluster_trains_bitwise_through_the_sbatch_script(tmp_path, ref
         ]
         with slurm_cluster(nodes) as cluster:
             for _ in range(3):
-                out = train_bitwise(cluster, tmp_path, reference, nodes=2, per_node=2, env=TCP_ENV)
+                out = train_bitwise(cluster, tmp_path, reference, nodes=2, per_node=2, env={**TCP_ENV, **OFI_TCP})
                 assert "2 node(s), 4 ranks" in out and "2 nodes, MPI: MPICH" in out

@@ -76,8 +76,8 @@ class SlurmCluster:
         """Start the daemons and wait until every node is idle (tears everything down if that fails)."""
         try:
             self.root.chmod(0o755)  # munged refuses a socket directory that others cannot read
-            for sub in ("state", "spool", "log"):
-                (self.root / sub).mkdir()
+            for sub in ("state", "log", *(f"spool/{node.name}" for node in self.nodes)):
+                (self.root / sub).mkdir(parents=True)
             self._start_munged()
             self.conf.write_text(slurm_conf(self.root, self.nodes, free_port(), free_port(), CPUS_PER_NODE))
             self._start(self.nodes[0], ["slurmctld", "-D", "-c", "-f", str(self.conf)], "slurmctld")
