@@ -66,7 +66,7 @@ def test_reduce_scatter_path_is_settled_and_refused_where_it_cannot_work():
     assert paths.settle_reduce_scatter("pieces", nodes=3, on_device=False) == "pieces"
     with pytest.raises(ZeroError, match="MPIZERO_REDUCE_SCATTER=shared needs .* these ranks span 2 nodes"):
         paths.settle_reduce_scatter("shared", nodes=2, on_device=False)
-    with pytest.raises(ZeroError, match="must be one of auto, shared, pieces, mpi, got 'fast'"):
+    with pytest.raises(ZeroError, match="must be one of auto, shared, two-level, pieces, mpi, got 'fast'"):
         paths.requested_reduce_scatter({"MPIZERO_REDUCE_SCATTER": "fast"})
 
 

@@ -4,7 +4,9 @@ Device buffers go straight to MPI when it is CUDA-aware (see ``cuda_aware``)
 and are staged through host memory otherwise. 2-byte floats (bfloat16,
 float16), which MPI has no type for, travel as uint16: the bytes are the same.
 Every call is counted in a ``Traffic`` log, so communication volume is
-measured, not assumed.
+measured, not assumed; on several nodes, the bytes that leave the node are
+counted apart. Host reduce-scatters and all-gathers go in two levels where
+``paths`` settles ``two-level`` (see ``hierarchical``).
 
 The cross-rank contract of each call: the buffers have the same dtype and
 length on every rank, and every rank makes the same calls in the same order.
@@ -22,32 +24,43 @@ import numpy as np
 from mpi4py import MPI
 
 from mpizero.comm import agree, cuda_aware, paths
+from mpizero.comm.hierarchical import TwoLevel
 from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
 from mpizero.comm.shared import SHM_DIR, SharedArena, shm_has_room
 from mpizero.comm.watchdog import Watchdog
 from mpizero.core.arrays import array_module, is_device_array
+from mpizero.core.formulas import inter_node_bytes
 
 WIRE_VIEWS = {"bfloat16": np.uint16, "float16": np.uint16}
 
 
 @dataclass
 class Traffic:
-    """Per collective: calls, and bytes this rank sent and received (ring/recursive algorithms)."""
+    """Per collective: calls, and bytes this rank sent and received (ring/recursive algorithms).
+
+    ``inter_node``: of the bytes sent, those sent to ranks on other nodes (``formulas.inter_node_bytes``).
+    """
 
     calls: Counter = field(default_factory=Counter)
     sent: Counter = field(default_factory=Counter)
     received: Counter = field(default_factory=Counter)
+    inter_node: Counter = field(default_factory=Counter)
 
-    def record(self, op: str, full_bytes: int, world_size: int) -> None:
-        """Count one call on a full (unsharded) buffer of ``full_bytes``."""
+    def record(self, op: str, full_bytes: int, world_size: int, nodes: int = 1, two_level: bool = False) -> None:
+        """Count one call on a full (unsharded) buffer of ``full_bytes`` over ``nodes`` nodes."""
         factor = 2 if op == "allreduce" else 1
         moved = factor * full_bytes * (world_size - 1) // world_size
         self.calls[op] += 1
         self.sent[op] += moved
         self.received[op] += moved
+        self.inter_node[op] += inter_node_bytes(full_bytes, world_size, nodes, two_level, factor)
+
+    def intra_node(self, op: str) -> int:
+        """Bytes of ``op`` this rank sent to ranks on its own node."""
+        return self.sent[op] - self.inter_node[op]
 
     def clear(self) -> None:
-        for counter in (self.calls, self.sent, self.received):
+        for counter in (self.calls, self.sent, self.received, self.inter_node):
             counter.clear()
 
 
@@ -81,20 +94,24 @@ class Collectives:
             self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.arenas: dict = {}  # key -> SharedArena; "bucket" is the one stages 2-3 share
         self.paths = self._settle_paths(on_device)
+        self.levels = TwoLevel(comm, self.node, self.watchdog) if self.paths.two_level else None
 
     def _settle_paths(self, on_device: bool) -> paths.CommPaths:
         asked = {v: os.environ.get(v) for v in (paths.ENV_VAR, cuda_aware.ENV_VAR)}
         agree.raise_unless_equal(self, {f"the environment's {v}": value for v, value in asked.items()})
-        nodes = self.allreduce_value(int(self.node.Get_rank() == 0), MPI.SUM, "the node count")
+        leader = self.node.Get_rank() == 0
+        sizes = self.allgather_object(self.node.Get_size() if leader else 0, "the ranks per node")
+        per_node = tuple(n for n in sizes if n)
         requested = paths.requested_reduce_scatter()
         device = ("cuda-aware" if cuda_aware.cuda_aware() else "staged") if on_device else "host"
         library = MPI.Get_library_version().splitlines()[0].strip()
-        return paths.CommPaths(paths.settle_reduce_scatter(requested, nodes, on_device), device, nodes, library)
+        path = paths.settle_reduce_scatter(requested, len(per_node), on_device, per_node)
+        return paths.CommPaths(path, device, len(per_node), library)
 
     @property
     def shared(self) -> bool:
         """Whether gradients may be encoded into a node-shared arena and reduced from there."""
-        return self.paths.reduce_scatter == "shared"
+        return self.paths.reduce_scatter in paths.ON_ARENA
 
     def shared_buffer(self, numel: int, dtype, key="bucket") -> np.ndarray:
         """Arena ``key`` as ``numel`` elements (collective when made or grown); reduce it with ``reduce_scatter``.
@@ -168,6 +185,8 @@ class Collectives:
         buffers go in pieces (``reduce_scatter``); both blocking, as measured faster than one call.
         """
         arena = next((a for a in self.arenas.values() if a.owns(send)), None)
+        if arena is not None and self.paths.two_level:
+            return self._run("reduce_scatter", send.nbytes, self._two_level_reduce(arena), send, recv, True, True)
         if arena is not None:
             return self._run("reduce_scatter", send.nbytes, arena.reduce_scatter, send, recv, True)
         if not is_device_array(send) and send.nbytes >= self.paths.pieces_from_bytes:
@@ -178,6 +197,9 @@ class Collectives:
     def _in_pieces(self, send, recv) -> None:
         reduce_scatter_in_pieces(self.comm, send, recv)
 
+    def _two_level_reduce(self, arena):
+        return lambda send, recv: self.levels.reduce_scatter(arena, send, recv, paths.PIECES_FROM_BYTES)
+
     def allreduce(self, send, recv, blocking: bool = True) -> Pending:
         """Sum ``send`` over ranks into ``recv`` on every rank."""
         call = self.comm.Allreduce if blocking else self.comm.Iallreduce
@@ -185,16 +207,27 @@ class Collectives:
 
     def allgather(self, send, recv, blocking: bool = True, counted_as: str = "allgather") -> Pending:
         """Concatenate every rank's ``send`` into ``recv`` in rank order; counted under ``counted_as``."""
+        if self._gathers_in_two_levels(recv):
+            return self._run(counted_as, recv.nbytes, self._two_level_gather, send, recv, blocking, True)
         call = self.comm.Allgather if blocking else self.comm.Iallgather
         return self._run(counted_as, recv.nbytes, call, send, recv, blocking)
 
     def allgather_in_place(self, full) -> Pending:
         """All-gather into ``full``, whose block for this rank already holds its shard."""
+        if self._gathers_in_two_levels(full):
+            return self._run("allgather", full.nbytes, self._two_level_gather, None, full, True, True)
         return self._run("allgather", full.nbytes, lambda _, r: self.comm.Allgather(MPI.IN_PLACE, r), None, full, True)
 
-    def _run(self, op: str, full_bytes: int, collective, send, recv, blocking: bool) -> Pending:
+    def _two_level_gather(self, send, full) -> Pending:
+        request, finish = self.levels.start_allgather(send, full)
+        return Pending(request, finish, keep=(send, full))
+
+    def _gathers_in_two_levels(self, recv) -> bool:
+        return self.paths.two_level and not is_device_array(recv)
+
+    def _run(self, op: str, full_bytes: int, collective, send, recv, blocking: bool, two_level=False) -> Pending:
         """Count the call, start ``collective(send, recv)`` on wire views, and wait if blocking."""
-        self.traffic.record(op, full_bytes, self.comm.Get_size())
+        self.traffic.record(op, full_bytes, self.comm.Get_size(), self.paths.nodes, two_level)
         with self.watchdog.waiting(op):
             pending = self._start(collective, _wire(send), _wire(recv))
         pending.op, pending.watchdog = op, self.watchdog
@@ -205,7 +238,8 @@ class Collectives:
     def _start(self, collective, send, recv) -> Pending:
         """Start the call; the Pending holds its buffers, so none is freed while MPI may still use it."""
         if not is_device_array(recv):
-            return Pending(collective(send, recv), keep=(send, recv))
+            started = collective(send, recv)  # a request, or a Pending that finishes in more than one step
+            return started if isinstance(started, Pending) else Pending(started, keep=(send, recv))
         if self.paths.device == "cuda-aware":
             array_module(recv).cuda.get_current_stream().synchronize()
             return Pending(collective(send, recv), keep=(send, recv))

@@ -1,10 +1,14 @@
 """The communication paths a job takes, settled once when the engine is built and agreed by every rank.
 
 - reduce-scatter: ``shared`` (every rank on one host: summed straight out of a
-  node-shared window), ``pieces`` (MPI, host buffers in cache-sized pieces),
+  node-shared window), ``two-level`` (several nodes with the same number, more
+  than one, of ranks each: the shared window inside each node, MPI between
+  nodes among ranks of the same local index, for all-gathers too; see
+  ``hierarchical``), ``pieces`` (MPI, host buffers in cache-sized pieces),
   ``mpi`` (one MPI call per buffer) or ``mpi+pieces`` (one call below 64 MiB,
   pieces from there). ``MPIZERO_REDUCE_SCATTER`` asks for one; ``auto``, the
-  default, picks ``shared`` on one host and ``mpi+pieces`` otherwise.
+  default, picks ``shared`` on one host, ``two-level`` where it applies and
+  ``mpi+pieces`` otherwise.
 - device: ``host`` (NumPy buffers), ``cuda-aware`` (device buffers straight to
   MPI) or ``staged`` (through host memory); see ``cuda_aware``.
 
@@ -21,7 +25,8 @@ from dataclasses import dataclass, replace
 from mpizero.core.errors import ZeroError
 
 ENV_VAR = "MPIZERO_REDUCE_SCATTER"
-CHOICES = ("auto", "shared", "pieces", "mpi")
+CHOICES = ("auto", "shared", "two-level", "pieces", "mpi")
+ON_ARENA = ("shared", "two-level")  # the paths that reduce out of the node-shared arena
 PIECES_FROM_BYTES = 1 << 26  # measured: one call wins at 32 MiB, pieces at 128 MiB
 
 
@@ -39,8 +44,13 @@ class CommPaths:
         """Host buffers of at least this many bytes are reduce-scattered in pieces (outside the shared window)."""
         return {"pieces": 0, "mpi": math.inf}.get(self.reduce_scatter, PIECES_FROM_BYTES)
 
+    @property
+    def two_level(self) -> bool:
+        """Whether host reduce-scatters and all-gathers go in two levels (inside nodes, then across)."""
+        return self.reduce_scatter == "two-level"
+
     def without_shared(self) -> CommPaths:
-        """The same paths with the shared-memory reduce-scatter replaced by MPI."""
+        """The same paths with the shared-memory (or two-level) reduce-scatter replaced by MPI."""
         return replace(self, reduce_scatter="mpi+pieces")
 
     def describe(self) -> str:
@@ -57,12 +67,22 @@ def requested_reduce_scatter(environ=os.environ) -> str:
     return value
 
 
-def settle_reduce_scatter(requested: str, nodes: int, on_device: bool) -> str:
-    """The reduce-scatter path for an agreed request; raise if the one asked for cannot be used."""
-    one_host_for_host_buffers = nodes == 1 and not on_device
-    if requested == "shared" and not one_host_for_host_buffers:
+def settle_reduce_scatter(requested: str, nodes: int, on_device: bool, ranks_per_node: tuple[int, ...] = ()) -> str:
+    """The reduce-scatter path for an agreed request; raise if the one asked for cannot be used.
+
+    ``ranks_per_node``: how many ranks each node has (one entry per node; empty if unknown).
+    """
+    if requested == "shared" and (nodes > 1 or on_device):
         where = f"these ranks span {nodes} nodes" if nodes > 1 else "the buffers are on the GPU"
         raise ZeroError(f"{ENV_VAR}=shared needs host buffers and every rank on one host, but {where}")
+    even = len(ranks_per_node) == nodes and len(set(ranks_per_node)) == 1 and ranks_per_node[0] > 1
+    two_level = nodes > 1 and even and not on_device
+    if requested == "two-level" and not two_level:
+        where = "the buffers are on the GPU" if on_device else f"the ranks per node are {list(ranks_per_node)}"
+        raise ZeroError(
+            f"{ENV_VAR}=two-level needs host buffers and several nodes with the same number (> 1) "
+            f"of ranks each, but {where}"
+        )
     if requested == "auto":
-        return "shared" if one_host_for_host_buffers else "mpi+pieces"
+        return "shared" if nodes == 1 and not on_device else "two-level" if two_level else "mpi+pieces"
     return requested

@@ -17,6 +17,8 @@ between steps as that stage keeps it.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 from mpi4py import MPI
@@ -47,7 +49,7 @@ class SharedArena:
 
     def owns(self, array: np.ndarray) -> bool:
         """Whether ``array`` lies in this rank's segment of the arena."""
-        own = self.segments[self.comm.Get_rank()] if self.window is not None else None
+        own = self.segments[self.node.Get_rank()] if self.window is not None else None
         return own is not None and isinstance(array, np.ndarray) and np.may_share_memory(array, own)
 
     def buffer(self, numel: int, dtype) -> np.ndarray:
@@ -55,7 +57,7 @@ class SharedArena:
         dtype = np.dtype(dtype)
         if numel * dtype.itemsize > self.nbytes:
             self._allocate(numel * dtype.itemsize)
-        return self.segments[self.comm.Get_rank()][: numel * dtype.itemsize].view(dtype)
+        return self.segments[self.node.Get_rank()][: numel * dtype.itemsize].view(dtype)
 
     def _allocate(self, nbytes: int) -> None:
         self.free()
@@ -67,21 +69,23 @@ class SharedArena:
 
     def reduce_scatter(self, local: np.ndarray, recv: np.ndarray) -> None:
         """Sum every rank's ``local`` (obtained from ``buffer``) and keep this rank's block in ``recv``."""
-        size, rank, block = self.comm.Get_size(), self.comm.Get_rank(), recv.size
+        with self.reading(local) as views:
+            sum_block(views, self.comm.Get_rank() * recv.size, recv)
+
+    @contextmanager
+    def reading(self, local: np.ndarray) -> Iterator[list[np.ndarray]]:
+        """Every node rank's segment, as ``local`` is laid out in this one, once all are written (collective).
+
+        On leaving, every rank of the node has read every segment, so the arena may be written again.
+        """
         views = [segment[: local.nbytes].view(local.dtype) for segment in self.segments]
         self.window.Sync()
         with self.watchdog.waiting("shared-memory reduce-scatter (all segments written)"):
             self.node.Barrier()
         self.window.Sync()
-        start = rank * block
-        for lo in range(0, block, CHUNK):
-            hi = min(lo + CHUNK, block)
-            out = recv[lo:hi]
-            out[...] = views[0][start + lo : start + hi]
-            for source in views[1:size]:
-                out += source[start + lo : start + hi]
+        yield views
         with self.watchdog.waiting("shared-memory reduce-scatter (all segments read)"):
-            self.node.Barrier()  # everyone has read every segment: the arena may be written again
+            self.node.Barrier()
 
     def free(self) -> None:
         if self.window is not None:
@@ -89,3 +93,13 @@ class SharedArena:
             with self.watchdog.waiting("shared-memory window free"):
                 self.window.Free()
             self.window, self.segments, self.nbytes = None, [], 0
+
+
+def sum_block(views: list[np.ndarray], start: int, out: np.ndarray) -> None:
+    """Set ``out`` to the in-order sum of ``view[start : start + len(out)]`` over ``views``, chunk by chunk."""
+    for lo in range(0, out.size, CHUNK):
+        hi = min(lo + CHUNK, out.size)
+        chunk = out[lo:hi]
+        chunk[...] = views[0][start + lo : start + hi]
+        for source in views[1:]:
+            chunk += source[start + lo : start + hi]
