@@ -96,6 +96,7 @@ def test_slurm_script_runs_under_a_stand_in_srun(tmp_path):
     )
     folder = fake_bin(tmp_path, "srun", srun)
     env = launch_env(folder, SLURM_JOB_ID="42", SLURM_NTASKS="4", SLURM_NNODES="1", SLURM_NODELIST="localhost")
+    env["MPIZERO_LAUNCH"] = "srun"  # the path a site MPI takes (tests/test_slurm.py runs both on real SLURM)
     done = subprocess.run(
         ["bash", "launch/slurm.sbatch", "example", "--stage", "3"],
         cwd=ROOT,

@@ -53,8 +53,8 @@ def main() -> int:
                     bitwise = params.exists() and params.read_bytes() == reference
                     failed += not (state == "COMPLETED" and bitwise)
                     print(f"job {job:3d}: {state:10s} {time.monotonic() - start:5.1f} s  bitwise {bitwise}", flush=True)
-                    if not bitwise:
-                        print(out[-3000:], "\n", cluster.logs()[-3000:], flush=True)
+                    if not (state == "COMPLETED" and bitwise):
+                        print(out[-2000:], flush=True)
     finally:
         for hog in hogs:
             hog.kill()
