@@ -9,8 +9,9 @@ import os
 import sys
 
 import pytest
+from cluster.nodes import TCP_ENV, cluster_or_skip
 from mpirun import ROOT, run_mpi_ok
-from slurm.daemons import local_node, slurm_cluster, unavailable_reason
+from slurm.daemons import SlurmNode, local_node, pids_with_env, slurm_cluster, unavailable_reason
 
 TRAIN = ["train", "--steps", "3", "--global-batch", "32", "--micro-batches", "8", "--stage", "3"]
 JOB_ENV = {
@@ -76,14 +77,13 @@ def test_srun_without_a_pmi_is_refused_rather_than_run_as_singletons(one_node):
 
 def test_two_node_cluster_trains_bitwise_through_the_sbatch_script(tmp_path, reference):
     skip_without_slurm()
-    from cluster.nodes import TCP_ENV, cluster_or_skip
-    from slurm.daemons import SlurmNode
-
     with cluster_or_skip(2) as namespaces:
         nodes = [
             SlurmNode(n.name, n.address, lambda argv, i=n.index: namespaces.command(i, argv)) for n in namespaces.nodes
         ]
         with slurm_cluster(nodes) as cluster:
-            for _ in range(3):
-                out = train_bitwise(cluster, tmp_path, reference, nodes=2, per_node=2, env=TCP_ENV)
-                assert "2 node(s), 4 ranks" in out and "2 nodes, MPI: MPICH" in out
+            for per_node in (2, 4, 4):
+                out = train_bitwise(cluster, tmp_path, reference, nodes=2, per_node=per_node, env=TCP_ENV)
+                assert f"2 node(s), {2 * per_node} ranks" in out and "2 nodes, MPI: MPICH" in out
+    assert not pids_with_env("SLURM_CONF", str(cluster.conf)), "a daemon or rank outlived the cluster"
+    assert not cluster.root.exists()
