@@ -56,11 +56,13 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` different TCP ports nothing listens on now."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 class SlurmCluster:
@@ -79,7 +81,7 @@ class SlurmCluster:
             for sub in ("state", "log", *(f"spool/{node.name}" for node in self.nodes)):
                 (self.root / sub).mkdir(parents=True)
             self._start_munged()
-            self.conf.write_text(slurm_conf(self.root, self.nodes, free_port(), free_port(), CPUS_PER_NODE))
+            self.conf.write_text(slurm_conf(self.root, self.nodes, *free_ports(2), CPUS_PER_NODE))
             self._start(self.nodes[0], ["slurmctld", "-D", "-c", "-f", str(self.conf)], "slurmctld")
             for node in self.nodes:
                 self._start(node, ["slurmd", "-D", "-f", str(self.conf), "-N", node.name], f"slurmd-{node.name}")
@@ -99,8 +101,7 @@ class SlurmCluster:
         self._wait(lambda: (self.root / "munge.sock").exists(), 10, "munged to make its socket")
 
     def _start(self, node: SlurmNode | None, argv: list[str], name: str) -> None:
-        log = open(self.root / "log" / f"{name}.out", "w")
-        with log:
+        with open(self.root / "log" / f"{name}.out", "w") as log:
             command = node.wrap(argv) if node else argv
             proc = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self._daemons.append(proc)
