@@ -11,6 +11,7 @@ Prints one line per job (state, seconds, bitwise or not) and a summary; exits 1 
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -58,6 +59,7 @@ def main() -> int:
     finally:
         for hog in hogs:
             hog.kill()
+        shutil.rmtree(work, ignore_errors=True)
     print(f"{args.jobs - failed} of {args.jobs} jobs completed bitwise under {args.load} busy processes")
     return 1 if failed else 0
 
