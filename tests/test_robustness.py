@@ -72,10 +72,9 @@ def test_local_launch_script_runs_the_example():
     assert "3 ranks" in done.stdout and "Results match: True" in done.stdout
 
 
-def test_local_launch_script_adds_open_mpi_flags(tmp_path):
-    folder = fake_bin(
-        tmp_path, "mpiexec", 'if [ "$1" = --version ]; then echo "mpiexec (Open MPI) 5.0.11"; else echo "ARGS $*"; fi\n'
-    )
+@pytest.mark.parametrize("version", ["mpiexec (Open MPI) 5.0.11", "mpiexec (OpenRTE) 4.1.4"])
+def test_local_launch_script_adds_open_mpi_flags(tmp_path, version):
+    folder = fake_bin(tmp_path, "mpiexec", f'if [ "$1" = --version ]; then echo "{version}"; else echo "ARGS $*"; fi\n')
     done = subprocess.run(
         ["bash", "launch/mpirun.sh", "2", "verify"],
         cwd=ROOT,
@@ -91,9 +90,13 @@ def test_local_launch_script_adds_open_mpi_flags(tmp_path):
 
 
 def test_slurm_script_runs_under_a_stand_in_srun(tmp_path):
-    srun = f'shift; exec "{mpiexec()}" -n "$SLURM_NTASKS" "$@"\n'  # drop --mpi=..., start the ranks for real
+    srun = (  # answer --mpi=list; otherwise drop srun's options and start the ranks for real
+        '[ "$1" = --mpi=list ] && { echo pmi2; exit; }\n'
+        f'while [ "${{1#--}}" != "$1" ]; do shift; done; exec "{mpiexec()}" -n "$SLURM_NTASKS" "$@"\n'
+    )
     folder = fake_bin(tmp_path, "srun", srun)
     env = launch_env(folder, SLURM_JOB_ID="42", SLURM_NTASKS="4", SLURM_NNODES="1", SLURM_NODELIST="localhost")
+    env["MPIZERO_LAUNCH"] = "srun"  # the path a site MPI takes (tests/test_slurm.py runs both on real SLURM)
     done = subprocess.run(
         ["bash", "launch/slurm.sbatch", "example", "--stage", "3"],
         cwd=ROOT,

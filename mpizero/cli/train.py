@@ -118,6 +118,7 @@ def run(args, comm) -> int:
             f"{args.precision}, {args.reduction} reduction",
             flush=True,
         )
+        print(engine.collectives.paths.describe(), flush=True)
     for step in range(first_step, args.steps + 1):
         faults.maybe_kill("step", step, comm.Get_rank())
         engine.collectives.traffic.clear()

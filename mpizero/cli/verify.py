@@ -12,6 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpizero.cli import options
+from mpizero.comm.paths import CommPaths
 from mpizero.core.arrays import bits, device_module, to_device, to_host
 from mpizero.core.engine import ZeroEngine
 from mpizero.core.memory import format_bytes
@@ -103,15 +104,17 @@ def run(args, comm) -> int:
     stages = list(STAGES) if args.stage == "all" else [int(args.stage)]
     failed = False
     for stage in stages:
-        line, ok = verify_stage(stage, args, comm)
+        line, ok, paths = verify_stage(stage, args, comm)
         failed |= not ok
         if comm.Get_rank() == 0:
+            if stage == stages[0]:
+                print(paths.describe(), flush=True)
             print(line, flush=True)
     return 1 if failed else 0
 
 
-def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
-    """Train ``args.steps`` steps at ``stage``; return rank 0's line and whether every check passed."""
+def verify_stage(stage: int, args, comm) -> tuple[str, bool, CommPaths]:
+    """Train ``args.steps`` steps at ``stage``; return rank 0's line, whether every check passed, and its paths."""
     rank, size = comm.Get_rank(), comm.Get_size()
     model = build_model(args.model)
     micro_batches = MICRO_BATCHES_PER_RANK * size if args.micro_batches is None else args.micro_batches
@@ -142,7 +145,7 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool]:
     )
     reference_line, reference_ok = reference_verdict(engine, worst, first_mismatch)
     semantics_line, semantics_ok = semantics.verdict(engine.collectives, documented.name)
-    return f"{head} {reference_line}; {semantics_line}", reference_ok and semantics_ok
+    return f"{head} {reference_line}; {semantics_line}", reference_ok and semantics_ok, engine.collectives.paths
 
 
 def build_runs(stage: int, args, comm, model, precision):
