@@ -236,11 +236,18 @@ def print_accounting(engine, rounds: int, reduce_each_round: bool) -> None:
         + f"  total {format_bytes(report['peak_total'])}  (process peak RSS {format_bytes(report['rss'])})"
     )
     traffic = engine.collectives.traffic
-    predicted = formulas.traffic_per_step(formulas.formula_setup(engine), rounds, reduce_each_round)
+    setup = formulas.formula_setup(engine)
+    predicted = formulas.traffic_per_step(setup, rounds, reduce_each_round)
     moved = "  ".join(
         f"{op} {format_bytes(traffic.sent[op])} (formula {format_bytes(b)})" for op, b in predicted.items()
     )
     print(f"sent per step:     {moved}  agreement {format_bytes(traffic.sent['agreement'])}")
+    if setup.nodes > 1:
+        across = formulas.inter_node_per_step(setup, rounds, reduce_each_round)
+        shown = "  ".join(
+            f"{op} {format_bytes(traffic.inter_node[op])} (formula {format_bytes(b)})" for op, b in across.items()
+        )
+        print(f"to other nodes:    {shown}")
 
 
 def save_flat(path: str, model, master: dict) -> None:

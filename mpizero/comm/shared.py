@@ -16,6 +16,7 @@ between steps as that stage keeps it.
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,6 +47,7 @@ class SharedArena:
         """``node``: ``comm`` split by shared memory; usable only when that leaves ``comm`` whole."""
         self.comm, self.node, self.watchdog = comm, node, watchdog
         self.window, self.segments, self.nbytes = None, [], 0
+        atexit.register(self.free)  # runs before mpi4py's MPI_Finalize: OFI cannot close with windows open
 
     def owns(self, array: np.ndarray) -> bool:
         """Whether ``array`` lies in this rank's segment of the arena."""

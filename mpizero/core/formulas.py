@@ -96,8 +96,7 @@ def traffic_per_step(setup: Setup, rounds: int = 1, reduce_each_round: bool | No
         if plan.gradient_collective is GradientCollective.ALLREDUCE:
             sent["allreduce"] += 2 * wire * (n - 1) // n
         else:
-            each_round = plan.reduces_each_round if reduce_each_round is None else reduce_each_round
-            sent["reduce_scatter"] += (rounds if each_round else 1) * (wire * (n - 1) // n)
+            sent["reduce_scatter"] += _reduce_scatters(plan, rounds, reduce_each_round) * (wire * (n - 1) // n)
         sent["allgather"] += plan.allgathers_per_step(rounds) * (params * (n - 1) // n)
     return sent
 
@@ -114,7 +113,13 @@ def inter_node_bytes(full_bytes: int, ranks: int, nodes: int, two_level: bool, f
     return factor * full_bytes * (ranks - ranks // nodes) // ranks
 
 
-def inter_node_per_step(setup: Setup, rounds: int = 1) -> dict[str, int]:
+def _reduce_scatters(plan: ShardPlan, rounds: int, reduce_each_round: bool | None) -> int:
+    """Reduce-scatters of one group per step: one per round where the trainer reduces each round, else one."""
+    each_round = plan.reduces_each_round if reduce_each_round is None else reduce_each_round
+    return rounds if each_round else 1
+
+
+def inter_node_per_step(setup: Setup, rounds: int = 1, reduce_each_round: bool | None = None) -> dict[str, int]:
     """Bytes each rank sends to other nodes per step, by collective (see ``inter_node_bytes``)."""
     n, nodes, sent = setup.ranks, setup.nodes, {"reduce_scatter": 0, "allreduce": 0, "allgather": 0}
     for plan in setup.plans():
@@ -123,7 +128,8 @@ def inter_node_per_step(setup: Setup, rounds: int = 1) -> dict[str, int]:
         if plan.gradient_collective is GradientCollective.ALLREDUCE:
             sent["allreduce"] += inter_node_bytes(wire, n, nodes, False, factor=2)
         else:
-            sent["reduce_scatter"] += inter_node_bytes(wire, n, nodes, setup.two_level)
+            scatters = _reduce_scatters(plan, rounds, reduce_each_round)
+            sent["reduce_scatter"] += scatters * inter_node_bytes(wire, n, nodes, setup.two_level)
         gathered = inter_node_bytes(params, n, nodes, setup.two_level)
         sent["allgather"] += plan.allgathers_per_step(rounds) * gathered
     return sent
