@@ -238,16 +238,15 @@ def print_accounting(engine, rounds: int, reduce_each_round: bool) -> None:
     traffic = engine.collectives.traffic
     setup = formulas.formula_setup(engine)
     predicted = formulas.traffic_per_step(setup, rounds, reduce_each_round)
-    moved = "  ".join(
-        f"{op} {format_bytes(traffic.sent[op])} (formula {format_bytes(b)})" for op, b in predicted.items()
-    )
-    print(f"sent per step:     {moved}  agreement {format_bytes(traffic.sent['agreement'])}")
+    print(f"sent per step:     {beside(traffic.sent, predicted)}  agreement {format_bytes(traffic.sent['agreement'])}")
     if setup.nodes > 1:
         across = formulas.inter_node_per_step(setup, rounds, reduce_each_round)
-        shown = "  ".join(
-            f"{op} {format_bytes(traffic.inter_node[op])} (formula {format_bytes(b)})" for op, b in across.items()
-        )
-        print(f"to other nodes:    {shown}")
+        print(f"to other nodes:    {beside(traffic.inter_node, across)}")
+
+
+def beside(measured, predicted: dict) -> str:
+    """``op 1.2 MiB (formula 1.2 MiB)`` for every op the formula predicts."""
+    return "  ".join(f"{op} {format_bytes(measured[op])} (formula {format_bytes(b)})" for op, b in predicted.items())
 
 
 def save_flat(path: str, model, master: dict) -> None:
