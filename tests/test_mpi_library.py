@@ -10,7 +10,7 @@ from mpirun import ROOT, run_mpi_ok
 mpi4py.rc.initialize = False
 from mpi4py import MPI  # noqa: E402  (after rc: reading the library's name must not start MPI)
 
-LIBRARY = MPI.Get_library_version().splitlines()[0].strip()
+LIBRARY = " ".join(MPI.Get_library_version().splitlines()[0].split())  # as mpizero shows it
 
 
 def extras() -> configparser.SectionProxy:

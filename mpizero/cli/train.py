@@ -115,10 +115,9 @@ def run(args, comm) -> int:
     if rank0:
         print(
             f"{args.model}: {engine.numel:,} parameters, stage {args.stage}, {comm.Get_size()} ranks, "
-            f"{args.precision}, {args.reduction} reduction",
+            f"{args.precision}, {args.reduction} reduction; {engine.collectives.paths.describe()}",
             flush=True,
         )
-        print(engine.collectives.paths.describe(), flush=True)
     for step in range(first_step, args.steps + 1):
         faults.maybe_kill("step", step, comm.Get_rank())
         engine.collectives.traffic.clear()

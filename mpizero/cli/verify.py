@@ -226,10 +226,11 @@ def semantics_difference(engine, documented_params) -> float:
     scale = max(float(np.max(np.abs(p), initial=0.0)) for p in documented_params.values()) or 1.0
     worst = 0.0
     for group in engine.groups:
-        start, stop = group.owned_range
-        expected = flatten(group, documented_params, np.float64)[start:stop]
-        mine = to_host(group.master_shard).astype(np.float64)
-        worst = max(worst, float(np.max(np.abs(mine - expected), initial=0.0)))
+        expected = flatten(group, documented_params, np.float64)
+        for what, start, buffer in group.held_buffers():
+            if what == "master":
+                mine = to_host(buffer).astype(np.float64)
+                worst = max(worst, float(np.max(np.abs(mine - expected[start : start + mine.size]), initial=0.0)))
     return worst / scale
 
 
@@ -249,15 +250,9 @@ def compared_pairs(engine, reference):
         flat = {"params": flatten(group, reference.params)}
         for state_name in engine.optimizer.state_names:
             flat[state_name] = flatten(group, {n: s[state_name] for n, s in reference.state.items()})
-        start, stop = group.owned_range
-        if group.full_params is not None:
-            yield "params", group, 0, group.full_params, flat["params"]
-        else:
-            shard_start, shard_stop = group.partition.shard_range(group.rank)
-            yield "params", group, shard_start, group.param_shard, flat["params"][shard_start:shard_stop]
-        yield "master", group, start, group.master_shard, flat["params"][start:stop]
-        for state_name, buffer in group.optimizer_state.items():
-            yield state_name, group, start, buffer, flat[state_name][start:stop]
+        for what, start, buffer in group.held_buffers():
+            source = flat["params" if what in ("params", "master") else what]
+            yield what, group, start, buffer, source[start : start + buffer.size]
 
 
 def flatten(group, tensors, dtype=np.float32) -> np.ndarray:

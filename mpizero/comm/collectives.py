@@ -127,7 +127,7 @@ class Collectives:
         per_node = tuple(n for n in sizes if n)
         requested = paths.requested_reduce_scatter()
         device = ("cuda-aware" if cuda_aware.cuda_aware() else "staged") if on_device else "host"
-        library = MPI.Get_library_version().splitlines()[0].strip()
+        library = " ".join(MPI.Get_library_version().splitlines()[0].split())
         path = paths.settle_reduce_scatter(requested, len(per_node), on_device, per_node)
         return paths.CommPaths(path, device, len(per_node), library)
 

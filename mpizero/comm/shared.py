@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -47,7 +48,7 @@ class SharedArena:
         """``node``: ``comm`` split by shared memory; usable only when that leaves ``comm`` whole."""
         self.comm, self.node, self.watchdog = comm, node, watchdog
         self.window, self.segments, self.nbytes = None, [], 0
-        atexit.register(self.free)  # runs before mpi4py's MPI_Finalize: OFI cannot close with windows open
+        atexit.register(self._free_at_clean_exit)
 
     def owns(self, array: np.ndarray) -> bool:
         """Whether ``array`` lies in this rank's segment of the arena."""
@@ -88,6 +89,14 @@ class SharedArena:
         yield views
         with self.watchdog.waiting("shared-memory reduce-scatter (all segments read)"):
             self.node.Barrier()
+
+    def _free_at_clean_exit(self) -> None:
+        """Free the window before mpi4py's MPI_Finalize (MPICH's OFI netmod cannot close with windows open).
+
+        Not after an uncaught exception: MPI then aborts, and this collective would wait for ranks that never come.
+        """
+        if getattr(sys, "last_value", None) is None and getattr(sys, "last_exc", None) is None:
+            self.free()
 
     def free(self) -> None:
         if self.window is not None:

@@ -82,6 +82,17 @@ class FlatGroup:
         start, stop = self.owned_range
         return [(index, lo - start, hi - start) for index, _, lo, hi in self.layout.overlaps(start, stop)]
 
+    def held_buffers(self) -> list[tuple[str, int, object]]:
+        """``(what, flat start, buffer)`` for the params this rank holds (full or shard), the master shard and
+        each optimizer state shard: what a check compares with a reference, without knowing the stage."""
+        held = [("params", *self._params_held()), ("master", self.plan.owned_range[0], self.master_shard)]
+        return held + [(name, self.plan.owned_range[0], a) for name, a in self.optimizer_state.items()]
+
+    def _params_held(self) -> tuple[int, object]:
+        if self.full_params is not None and self.state is ParamState.UNSHARDED:
+            return 0, self.full_params
+        return self.plan.shard_range[0], self.param_shard
+
     def state_pieces(self, start: int, stop: int) -> list[StatePiece]:
         """The fp32 master and optimizer state of flat range ``[start, stop)`` (within the owned range), by tensor."""
         owned_start = self.plan.owned_range[0]
