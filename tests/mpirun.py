@@ -15,24 +15,14 @@ WORLD_SIZES = (1, 2, 3, 4)
 
 def run_mpi(n: int, args: list[str], timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``mpiexec -n n python ARGS``; return the finished process (stdout, stderr, returncode)."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **(env or {})}
-    command = python_under_mpiexec(n, *args)
-    proc = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_mpi(n, args, env)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         raise AssertionError(f"mpiexec -n {n} {args} timed out after {timeout}s\n{out}\n{err}") from None
-    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def run_mpi_ok(n: int, args: list[str], timeout: float = 120, env: dict | None = None) -> str:

@@ -76,10 +76,7 @@ class ZeroEngine:
         self.step_count = self.skipped_steps = 0
         self.peak_gathered_groups = 0
         self.memory_log = MemoryLog()
-        self.redone_steps = 0
         self._pending: list[int] = []  # groups whose gradient collective is in flight, oldest first
-        self._previous_k: dict[str, int | None] = {}  # each tensor's last true scale: see ``scales``
-        self._forced: list | None = None  # the scales a step being redone must use
         agree.raise_if_any(self.collectives, problem, "bad parameters")
         agree.raise_unless_equal(self.collectives, self._signature(params, group_names))
         xp = array_module(next(iter(params.values())))
@@ -95,6 +92,8 @@ class ZeroEngine:
         for group in self.groups:
             group.keep_local_grads(self.collectives, self.reduction)
         self._tracker = StepTracker(len(self.groups))
+        tensors = [[s.name for s in g.layout.specs] for g in self.groups]
+        self.scales = scales.StepScales(tensors, self.reduction, self.config.scale_headroom)
         self._note_gathered()
 
     def _signature(self, params: Mapping, group_names) -> dict:
@@ -189,7 +188,7 @@ class ZeroEngine:
         self._begin_step()
         for index in range(len(self.groups)) if groups is None else groups:
             if self._tallies[index].add(grads, self.names):
-                self.groups[index].accumulate(self.reduction, grads, self._scales[index])
+                self.groups[index].accumulate(self.reduction, grads, self.scales.used[index])
         self.memory_log.sample(self.memory())
 
     def reduce_round(self, index: int, grads: Mapping | None) -> None:
@@ -206,9 +205,9 @@ class ZeroEngine:
         if group.plan.gradient_collective is not GradientCollective.REDUCE_SCATTER:
             raise StepOrderError(f"reduce_round({index}): stage {self.config.stage} all-reduces; use accumulate")
         usable = grads is not None and self._tallies[index].add(grads, self.names)
-        if not self._measuring(index):
+        if not self.scales.measuring(index):
             self.collectives.watchdog.context = f"step {self.step_number}, round of group {index}"
-            group.reduce_round(self.collectives, self.reduction, grads if usable else None, self._scales[index])
+            group.reduce_round(self.collectives, self.reduction, grads if usable else None, self.scales.used[index])
         self.memory_log.sample(self.memory())
 
     def start_reduce(self, index: int, contributions: Sequence[Mapping] = ()) -> None:
@@ -237,8 +236,12 @@ class ZeroEngine:
             flags = self.collectives.allgather_object(not np.isfinite(tally.maxima).all(), "non-finite flags")
             self._skip(f"non-finite gradient in group {index} on ranks {[r for r, bad in enumerate(flags) if bad]}")
             return
-        chosen = self._choose_scales(index, maxima, count, any_early)
-        if self._redo or (self._measuring(index) and any_early):
+        try:
+            chosen = self.scales.choose(index, maxima, count, any_early)
+        except OverflowError as error:  # every rank computes the same scales, so every rank gets here
+            self._end_step()
+            raise agree.ZeroError(f"step {self.step_number}: {error}") from None
+        if self.scales.redo or (self.scales.measuring(index) and any_early):
             return  # every rank knows: no collective for a pass that will be redone, or that encoded nothing
         group = self.groups[index]
         group.start_reduce(self.collectives, self.reduction, not self.config.overlap, in_hand, chosen)
@@ -247,29 +250,8 @@ class ZeroEngine:
         while len(self._pending) > IN_FLIGHT:  # finish the oldest: its int64 buffers go before the next arrive
             self._finish_reduce(self._pending.pop(0))
 
-    def _choose_scales(self, index: int, maxima, count: int, any_early: bool) -> list:
-        """Fix the group's scales for this step from the agreed numbers; note whether the pass must be redone
-        (some rank encoded at the predicted scales, and they are not the chosen ones); return them."""
-        headroom = self.config.scale_headroom
-        try:
-            chosen = [
-                self.reduction.choose(k, float(m), count, headroom) for k, m in zip(self._predicted[index], maxima)
-            ]
-        except OverflowError as error:  # every rank computes the same scales, so every rank gets here
-            self._end_step()
-            raise agree.ZeroError(f"step {self.step_number}: {error}") from None
-        self._chosen[index] = (chosen, count, [float(m) for m in maxima])
-        used = self._scales[index]
-        wrong = any(u != k and not (u is None and m == 0) for u, k, m in zip(used, chosen, maxima))
-        self._redo |= any_early and wrong
-        return chosen
-
-    def _measuring(self, index: int) -> bool:
-        """Whether this pass encodes nothing for group ``index`` (no scale predicted yet): the same on every rank."""
-        return all(k is None for k in self._scales[index])
-
     def _finish_reduce(self, index: int) -> None:
-        chosen, count, _ = self._chosen[index]
+        chosen, count, _ = self.scales.chosen[index]
         self.groups[index].finish_reduce(self.reduction, chosen, count)
 
     def _skip(self, problem: str) -> None:
@@ -291,14 +273,13 @@ class ZeroEngine:
         if missing:
             self._end_step()
             raise agree.ZeroError(f"step {self.step_number}: groups {missing} were never reduced")
-        if self._redo:
-            forced = [chosen for chosen, _, _ in self._chosen]
+        if self.scales.redo:
+            self.scales.end_for_redo()
             self._end_step()
-            self._forced, self.redone_steps = forced, self.redone_steps + 1
             return StepResult(self.step_count, skipped=False, redo=True)
         for index in range(len(self.groups)):
             self._finish_reduce(index)
-        self._learn_scales()
+        self.scales.learn()
         self._end_step()
         if self.reduction.result_can_overflow and self._nonfinite_result():
             self.skipped_steps += 1
@@ -315,19 +296,7 @@ class ZeroEngine:
         if not self._tracker.begin():
             return
         self._tallies = [GroupTally(g.layout.specs) for g in self.groups]
-        headroom = self.config.scale_headroom
-        self._predicted = [
-            [self.reduction.predict(self._previous_k.get(s.name), headroom) for s in g.layout.specs]
-            for g in self.groups
-        ]
-        self._scales = self._forced if self._forced is not None else self._predicted
-        self._chosen, self._redo, self._forced = [None] * len(self.groups), False, None
-
-    def _learn_scales(self) -> None:
-        """Remember each tensor's true scale of this step: the next step predicts from it."""
-        for group, (_, count, maxima) in zip(self.groups, self._chosen):
-            for spec, m in zip(group.layout.specs, maxima):
-                self._previous_k[spec.name] = scales.following(self._previous_k.get(spec.name), m, count)
+        self.scales.begin()
 
     def _end_step(self) -> None:
         """Forget this step's gradients and collectives on every group; the next call starts a new step."""
@@ -338,11 +307,16 @@ class ZeroEngine:
 
     def scale_state(self) -> dict[str, int | None]:
         """Each tensor's last true scale exponent, which the next step's prediction starts from (for checkpoints)."""
-        return {name: self._previous_k.get(name) for name in self.names}
+        return {name: self.scales.previous_k.get(name) for name in self.names}
 
     def restore_scale_state(self, state: Mapping[str, int | None]) -> None:
         """Continue predicting scales from a saved ``scale_state()``."""
-        self._previous_k = {name: state.get(name) for name in self.names}
+        self.scales.previous_k = {name: state.get(name) for name in self.names}
+
+    @property
+    def redone_steps(self) -> int:
+        """Steps that ran twice because their scale prediction missed (``scales``)."""
+        return self.scales.redone_steps
 
     def _nonfinite_result(self) -> bool:
         """Agree whether any averaged gradient overflowed (MPI's float32 sum can); raise or skip as configured."""

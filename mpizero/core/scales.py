@@ -45,3 +45,55 @@ def choose(predicted_k: int | None, true_max: float, count: int, headroom: int =
 def following(previous_k: int | None, true_max: float, count: int) -> int | None:
     """The ``k`` the next step predicts from: this step's true ``k``, or the last one if all gradients were zero."""
     return previous_k if true_max == 0.0 else exact.exponent_for(true_max, count)
+
+
+class StepScales:
+    """The scales of one engine's steps: what each pass encodes with, what the step is defined with, and history.
+
+    ``tensors``: each group's tensor names. ``reduction``: the engine's reduction (``predict`` and ``choose``).
+    """
+
+    def __init__(self, tensors: list[list[str]], reduction, headroom: int = HEADROOM) -> None:
+        self.tensors, self.reduction, self.headroom = tensors, reduction, headroom
+        self.previous_k: dict[str, int | None] = {}  # each tensor's last true k
+        self.forced: list | None = None  # the chosen scales a pass being redone must use
+        self.redone_steps = 0
+        self.begin()
+
+    def begin(self) -> None:
+        """A pass starts: predict from the history, and encode with the prediction or the forced scales."""
+        predict = self.reduction.predict
+        self.predicted = [
+            [predict(self.previous_k.get(name), self.headroom) for name in names] for names in self.tensors
+        ]
+        self.used = self.forced if self.forced is not None else self.predicted
+        self.chosen: list = [None] * len(self.tensors)  # per group: (scales, count, maxima) once agreed
+        self.redo, self.forced = False, None
+
+    def measuring(self, index: int) -> bool:
+        """Whether this pass encodes nothing for group ``index``: no scale predicted yet."""
+        return all(k is None for k in self.used[index])
+
+    def choose(self, index: int, maxima, count: int, any_early: bool) -> list:
+        """Fix group ``index``'s scales from the agreed numbers; note a redo if some rank encoded at other scales.
+
+        Raises OverflowError where no scale fits (every rank alike).
+        """
+        maxima = [float(m) for m in maxima]
+        chosen = [self.reduction.choose(k, m, count, self.headroom) for k, m in zip(self.predicted[index], maxima)]
+        self.chosen[index] = (chosen, count, maxima)
+        used = self.used[index]
+        wrong = any(u != k and not (u is None and m == 0) for u, k, m in zip(used, chosen, maxima))
+        self.redo |= any_early and wrong
+        return chosen
+
+    def end_for_redo(self) -> None:
+        """The pass must be redone: the next one encodes at the scales this one chose."""
+        self.forced = [chosen for chosen, _, _ in self.chosen]
+        self.redone_steps += 1
+
+    def learn(self) -> None:
+        """The step is taken: each tensor's true k of this step is what the next one predicts from."""
+        for names, (_, count, maxima) in zip(self.tensors, self.chosen):
+            for name, m in zip(names, maxima):
+                self.previous_k[name] = following(self.previous_k.get(name), m, count)
