@@ -30,7 +30,7 @@ from mpizero.core.memory import KINDS, MemoryLog, peak_rss_bytes
 from mpizero.core.partition import Partition
 from mpizero.core.reduction import REDUCTIONS
 from mpizero.core.stages import GradientCollective, ShardPlan, sharding
-from mpizero.core.step import StepOrderError, StepTracker
+from mpizero.core.step import StepOrderError, StepState, StepTracker
 from mpizero.core.tally import GroupTally
 
 IN_FLIGHT = 2  # gradient collectives left running at once; older ones are finished to free their buffers
@@ -160,11 +160,13 @@ class ZeroEngine:
         (or a list of such dicts, possibly empty), float32, shaped like the
         parameters, besides any handed in with ``accumulate``. The update uses the
         mean over every contribution of every rank. Gradients given here are
-        encoded once every rank agreed on the step's scales. After ``accumulate``
-        (encoded at predicted scales, see ``scales``) a bare ``step()`` may say
-        ``redo``: then hand the same gradients in again.
+        encoded once every rank agreed on the step's scales, and such a step is
+        redone here if needed. After ``accumulate`` (encoded at predicted scales,
+        see ``scales``) the step may say ``redo``: then hand all of its gradients
+        in again, those accumulated and those given here.
         """
         listed = [contributions] if isinstance(contributions, Mapping) else contributions
+        accumulated = self._tracker.state is not StepState.IDLE  # handed in before this call: only the caller has them
         while True:
             self._begin_step()
             if listed is not None and not isinstance(listed, Sequence):
@@ -174,7 +176,7 @@ class ZeroEngine:
             for index in range(len(self.groups)):
                 self.start_reduce(index, in_hand)
             result = self.finish_step()
-            if not result.redo or listed is None:
+            if not result.redo or listed is None or accumulated:
                 return result
 
     def accumulate(self, grads: Mapping, groups: Sequence[int] | None = None) -> None:

@@ -131,5 +131,18 @@ if size > 1:
     )
     del os.environ["MPIZERO_REDUCE_SCATTER"]
 
+# Gradients accumulated before step(list): a needed redo is handed back to the caller, never half-done.
+mixed = ZeroEngine({"w": np.ones(4, np.float32)}, Adam(lr=0.1), comm=comm, stage=2)
+mixed_reference = Reference({"w": np.ones(4, np.float32)}, Adam(lr=0.1))
+first, second = {"w": np.full(4, 0.5 + rank, np.float32)}, {"w": np.full(4, -0.25 * rank, np.float32)}
+mixed.accumulate(first)
+assert mixed.step([second]).redo  # the first step has no predicted scale: the accumulated gradients were measured
+mixed.accumulate(first)
+assert not mixed.step([second]).redo
+mixed_reference.step(
+    [g for r in range(size) for g in ({"w": np.full(4, 0.5 + r, np.float32)}, {"w": np.full(4, -0.25 * r, np.float32)})]
+)
+assert mixed.master_params()["w"].tobytes() == mixed_reference.params["w"].tobytes()
+
 if rank == 0:
     print("robustness ok")
