@@ -12,7 +12,6 @@ same steps one group at a time: ``gather``/``release`` parameters, then
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -29,12 +28,12 @@ from mpizero.core.layout import FlatLayout
 from mpizero.core.memory import KINDS, MemoryLog, peak_rss_bytes
 from mpizero.core.partition import Partition
 from mpizero.core.reduction import REDUCTIONS
+from mpizero.core.signature import params_problem, setup_signature
 from mpizero.core.stages import GradientCollective, ShardPlan, sharding
 from mpizero.core.step import StepOrderError, StepState, StepTracker
 from mpizero.core.tally import GroupTally
 
 IN_FLIGHT = 2  # gradient collectives left running at once; older ones are finished to free their buffers
-PARAM_DTYPE = np.dtype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ class ZeroEngine:
         self.reduction = REDUCTIONS[self.config.reduction]
         self.names = list(params)
         group_names = [self.names] if groups is None else [list(g) for g in groups]
-        problem = _check_params(params, group_names)
+        problem = params_problem(params, group_names)
         on_device = problem is None and is_device_array(next(iter(params.values())))
         self.collectives = Collectives(self.comm, self.config.watchdog, on_device)
         self.step_count = self.skipped_steps = 0
@@ -78,7 +77,8 @@ class ZeroEngine:
         self.memory_log = MemoryLog()
         self._pending: list[int] = []  # groups whose gradient collective is in flight, oldest first
         agree.raise_if_any(self.collectives, problem, "bad parameters")
-        agree.raise_unless_equal(self.collectives, self._signature(params, group_names))
+        signature = setup_signature(params, group_names, self.config, self.collectives.paths, optimizer)
+        agree.raise_unless_equal(self.collectives, signature)
         xp = array_module(next(iter(params.values())))
         rank, size = self.comm.Get_rank(), self.comm.Get_size()
         self.groups: list[FlatGroup] = []
@@ -95,20 +95,6 @@ class ZeroEngine:
         tensors = [[s.name for s in g.layout.specs] for g in self.groups]
         self.scales = scales.StepScales(tensors, self.reduction, self.config.scale_headroom)
         self._note_gathered()
-
-    def _signature(self, params: Mapping, group_names) -> dict:
-        """What every rank must agree on before the first collective, field by field."""
-        return {
-            "the parameter count": sum(int(a.size) for a in params.values()),
-            "the parameter names": tuple(params),
-            "the parameter shapes": tuple(tuple(a.shape) for a in params.values()),
-            "the parameter dtypes": tuple(str(a.dtype) for a in params.values()),
-            "the groups": tuple(map(tuple, group_names)),
-            "the settings": self.config,
-            "the communication paths": self.collectives.paths,
-            "the optimizer": repr(self.optimizer),
-            "the initial parameter values": _digest(params),
-        }
 
     # Parameters -----------------------------------------------------------
 
@@ -395,24 +381,3 @@ class ZeroEngine:
 def _make_read_only(view) -> None:
     if isinstance(view, np.ndarray):
         view.flags.writeable = False
-
-
-def _check_params(params: Mapping, group_names) -> str | None:
-    if not isinstance(params, Mapping) or not params:
-        return "params must be a non-empty dict of arrays"
-    listed = [n for names in group_names for n in names]
-    if sorted(listed) != sorted(params):
-        return f"groups must list every parameter exactly once, got {listed} for {list(params)}"
-    for name, a in params.items():
-        if getattr(a, "dtype", None) != PARAM_DTYPE:
-            return f"parameter {name!r} must be float32, got {getattr(a, 'dtype', type(a).__name__)}"
-        if a.size == 0:
-            return f"parameter {name!r} has no elements (shape {tuple(a.shape)})"
-    return None
-
-
-def _digest(params: Mapping) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    for a in params.values():
-        h.update(np.ascontiguousarray(to_host(a)).tobytes())
-    return h.hexdigest()
