@@ -100,20 +100,7 @@ def test_resume_is_byte_identical_to_a_straight_run(tmp_path, straight, stage):
 
 def test_kill_9_during_a_save_loses_nothing(tmp_path, straight):
     directory, out = tmp_path / "ckpt", tmp_path / "resumed.npy"
-    tag, env = tagged()
-    killed = train(
-        3,
-        2,
-        4,
-        "--checkpoint-dir",
-        directory,
-        "--checkpoint-every",
-        2,
-        ok=False,
-        env={**env, "MPIZERO_KILL_AT": "save:4:1"},
-    )
-    assert killed.returncode != 0
-    assert not survivors(tag), "ranks left running after one was killed"
+    train_killed_at(directory, stage=2, point="save:4:1")
     assert any(".partial-" in name for name in os.listdir(directory))  # the torn save is still there
     log = train(
         3, 2, 4, "--resume", directory, "--checkpoint-dir", directory, "--checkpoint-every", 2, "--save-params", out
@@ -123,22 +110,19 @@ def test_kill_9_during_a_save_loses_nothing(tmp_path, straight):
     assert sorted(os.listdir(directory)) == ["ckpt-00000002", "ckpt-00000004"]  # stale partial cleaned
 
 
-def kill_9_mid_step(directory) -> None:
-    """Kill rank 2 of 3 at step 3; assert the job failed and none of its processes outlived it."""
+def train_killed_at(directory, stage: int, point: str) -> None:
+    """Train 3 ranks with checkpoints every 2 steps and SIGKILL at ``point`` (``MPIZERO_KILL_AT``); assert the job
+    failed and none of its processes outlived it."""
     tag, env = tagged()
-    killed = train(
-        3,
-        3,
-        4,
-        "--checkpoint-dir",
-        directory,
-        "--checkpoint-every",
-        2,
-        ok=False,
-        env={**env, "MPIZERO_KILL_AT": "step:3:2"},
-    )
+    args = ["--checkpoint-dir", directory, "--checkpoint-every", 2]
+    killed = train(3, stage, 4, *args, ok=False, env={**env, "MPIZERO_KILL_AT": point})
     assert killed.returncode != 0
     assert not survivors(tag), "ranks left running after one was killed"
+
+
+def kill_9_mid_step(directory) -> None:
+    """Kill rank 2 of 3 at step 3."""
+    train_killed_at(directory, stage=3, point="step:3:2")
 
 
 def test_the_survivor_check_sees_our_ranks_and_nothing_else():
