@@ -173,11 +173,7 @@ class Collectives:
 
         One all-reduce whose size does not depend on the number of ranks; NaN in any rank's entry stays NaN.
         """
-        total = np.empty_like(local)
-        self.traffic.record_control(local.nbytes, local.nbytes)
-        with self.watchdog.waiting("agreement"), self.traffic.timed("agreement"):
-            self.comm.Allreduce(local, total, op=_sum_first_max_rest())
-        return total
+        return self._allreduce_small(local, _sum_first_max_rest(), "agreement")
 
     # Small control messages: Python objects and scalars, counted as ``agreement`` traffic.
 
@@ -199,9 +195,12 @@ class Collectives:
 
     def allreduce_array(self, send: np.ndarray, op: MPI.Op, what: str) -> np.ndarray:
         """``op`` over every rank's small host array (a control message: counted as agreement)."""
+        return self._allreduce_small(send, op, f"allreduce of {what}")
+
+    def _allreduce_small(self, send: np.ndarray, op: MPI.Op, waiting_in: str) -> np.ndarray:
         recv = np.empty_like(send)
         self.traffic.record_control(send.nbytes, send.nbytes)
-        with self.watchdog.waiting(f"allreduce of {what}"), self.traffic.timed("agreement"):
+        with self.watchdog.waiting(waiting_in), self.traffic.timed("agreement"):
             self.comm.Allreduce(send, recv, op=op)
         return recv
 

@@ -192,6 +192,8 @@ class ZeroEngine:
         group = self.groups[index]
         if group.plan.gradient_collective is not GradientCollective.REDUCE_SCATTER:
             raise StepOrderError(f"reduce_round({index}): stage {self.config.stage} all-reduces; use accumulate")
+        if group.accumulated:
+            self._tallies[index].note(f"reduce_round({index}) after accumulate for that group in the same step")
         usable = grads is not None and self._tallies[index].add(grads, self.names)
         if not self.scales.measuring(index):
             self.collectives.watchdog.context = f"step {self.step_number}, round of group {index}"
@@ -211,6 +213,8 @@ class ZeroEngine:
         tally = self._tallies[index]
         early = tally.seen > 0  # encoded before the scales were agreed: at the predicted scales
         in_hand = [grads for grads in contributions if tally.add(grads, self.names)]
+        if self.groups[index].rounds_reduced and (self.groups[index].accumulated or in_hand):
+            tally.note(f"group {index} was reduced round by round: its gradients cannot also be accumulated")
         self.collectives.watchdog.context = f"step {self.step_number}, group {index}"
         total = self.collectives.agree(tally.agreement_row(early))
         if total[1]:

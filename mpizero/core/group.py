@@ -154,14 +154,18 @@ class FlatGroup:
         """Allocate the local grads kept between steps (stages 0-1; collective where shared: at set-up)."""
         if self.plan.keeps_local_grads:
             padded, wire = self.partition.padded_numel, reduction.wire_dtype
-            shared = collectives.shared and self.xp is np and self._scatters
+            on_arena = self._on_arena(collectives)
             self.local_grads = (
-                collectives.shared_buffer(padded, wire, id(self)) if shared else self.xp.zeros(padded, dtype=wire)
+                collectives.shared_buffer(padded, wire, id(self)) if on_arena else self.xp.zeros(padded, dtype=wire)
             )
 
     @property
     def _scatters(self) -> bool:
         return self.plan.gradient_collective is GradientCollective.REDUCE_SCATTER
+
+    def _on_arena(self, collectives) -> bool:
+        """Whether this group's gradients are reduce-scattered out of a node-shared arena (host buffers)."""
+        return collectives.shared and self.xp is np and self._scatters
 
     def accumulate(self, reduction, grads, step_scales) -> None:
         """Fold one contribution into the local grads (no communication)."""
@@ -177,8 +181,8 @@ class FlatGroup:
         The contribution is encoded straight into the node-shared arena when every rank shares this host.
         """
         padded, wire = self.partition.padded_numel, reduction.wire_dtype
-        on_host_together = collectives.shared and self.xp is np
-        buffer = collectives.shared_buffer(padded, wire) if on_host_together else self.xp.empty(padded, dtype=wire)
+        on_arena = self._on_arena(collectives)
+        buffer = collectives.shared_buffer(padded, wire) if on_arena else self.xp.empty(padded, dtype=wire)
         if grads is None:
             buffer[...] = 0
         else:
@@ -198,7 +202,7 @@ class FlatGroup:
             return
         padded, wire = self.partition.padded_numel, reduction.wire_dtype
         local = self.local_grads
-        if collectives.shared and self.xp is np and self._scatters and not self.plan.keeps_local_grads:
+        if self._on_arena(collectives) and not self.plan.keeps_local_grads:
             local = collectives.shared_buffer(padded, wire)  # the arena's zero-copy sum beats MPI's by far
             if self.accumulated:
                 local[...] = self.local_grads

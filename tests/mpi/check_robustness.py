@@ -144,5 +144,11 @@ mixed_reference.step(
 )
 assert mixed.master_params()["w"].tobytes() == mixed_reference.params["w"].tobytes()
 
+# Accumulated and round-reduced gradients of one group cannot be mixed in one step: an agreed error, no data lost.
+rounds = ZeroEngine({"w": np.ones(4, np.float32)}, SGD(lr=0.1), comm=comm, stage=2)
+rounds.accumulate({"w": np.ones(4, np.float32)})
+rounds.reduce_round(0, {"w": np.ones(4, np.float32)})
+expect_error(lambda: rounds.start_reduce(0), "reduce_round(0) after accumulate for that group in the same step")
+
 if rank == 0:
     print("robustness ok")
