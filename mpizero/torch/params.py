@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from mpizero.torch.sync import Operation
-from mpizero.torch.tensors import FullParams, as_tensor, raw_array
+from mpizero.torch.tensors import FullParams, as_array, as_tensor
 
 
 class Binder:
@@ -36,27 +36,26 @@ class Binder:
         self.holders = [0] * len(engine.groups)  # acquisitions not yet released, per group
         self.in_flight: set[int] = set()  # prefetched groups nobody has acquired yet
         self.buffers: list[FullParams] = []
-        self.full_views: list[list[tuple[torch.nn.Parameter, torch.Tensor]]] = []
         self.placeholder = torch.empty(0, dtype=torch.float32, device=device)
         if self.sharded or not self.zero_copy:
-            for group in engine.groups:
-                buffer = FullParams(group.partition.padded_numel, device)
-                views = [(params[s.name], buffer.tensor[s.offset : s.stop].view(s.shape)) for s in group.layout.specs]
-                self.buffers.append(buffer)
-                self.full_views.append(views)
+            for index, group in enumerate(engine.groups):
+                self.buffers.append(FullParams(group.partition.padded_numel, device))
                 if self.sharded:
-                    self._hide(len(self.buffers) - 1)
+                    self._hide(index)
                 else:
-                    self._show(len(self.buffers) - 1)
+                    self.buffers[index].allocate()
+                    self._show(index)
         self.refresh()
 
     def _show(self, index: int) -> None:
-        for param, view in self.full_views[index]:
-            param.data = view
+        """Make group ``index``'s parameters views of its (allocated) float32 buffer."""
+        flat = self.buffers[index].tensor
+        for spec in self.engine.groups[index].layout.specs:
+            self.params[spec.name].data = flat[spec.offset : spec.stop].view(spec.shape)
 
     def _hide(self, index: int) -> None:
-        for param, _ in self.full_views[index]:
-            param.data = self.placeholder
+        for name in self.engine.groups[index].layout.names:
+            self.params[name].data = self.placeholder
         self.buffers[index].free()
 
     def refresh(self) -> None:
@@ -73,7 +72,7 @@ class Binder:
 
     def _convert(self, index: int, views: dict) -> None:
         """Write the param-dtype views into the group's float32 torch buffer."""
-        flat = raw_array(self.buffers[index].tensor)
+        flat = as_array(self.buffers[index].tensor)
         for spec in self.engine.groups[index].layout.specs:
             flat[spec.offset : spec.stop] = views[spec.name].reshape(-1)
 
