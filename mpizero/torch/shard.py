@@ -27,6 +27,7 @@ from mpizero.core.step import StepOrderError
 from mpizero.torch import state
 from mpizero.torch.grads import GradientIntake
 from mpizero.torch.hooks import UnitHooks
+from mpizero.torch.meta import MetaInit, is_meta_model
 from mpizero.torch.params import Binder
 from mpizero.torch.sync import Announcer, Operation
 from mpizero.torch.tensors import as_array
@@ -42,34 +43,43 @@ def shard(
     stage: int = 2,
     comm: MPI.Comm | None = None,
     units: Sequence[torch.nn.Module] | None = None,
+    init: Callable[[torch.nn.Module], None] | None = None,
     **settings,
 ) -> ShardedModel:
     """Train ``model``'s parameters with ZeRO ``stage`` over ``comm`` (default COMM_WORLD).
 
     ``model`` must have the same parameters (names, shapes, values) on every
     rank. ``units``: the submodules gathered together at stage 3 (default:
-    each child holding parameters). ``settings`` are the engine's
+    each child holding parameters). A model built on the meta device
+    (``with torch.device("meta"):``) is materialized one module at a time,
+    each rank keeping only what it holds, by each module's ``reset_parameters()``
+    or by ``init(module)`` (see ``meta``). ``settings`` are the engine's
     (``reduction``, ``param_dtype``, ``clip_norm``, ``on_nonfinite``, ...);
     ``watchdog`` defaults to 600 seconds (None turns it off).
     """
     settings.setdefault("watchdog", WATCHDOG_SECONDS)
-    return ShardedModel(model, optimizer, stage, comm, default_units(model) if units is None else list(units), settings)
+    modules = default_units(model) if units is None else list(units)
+    return ShardedModel(model, optimizer, stage, comm, modules, settings, init)
 
 
 class ShardedModel:
     """The engine behind a torch module: ``step()``, ``join()``, ``gathered()``, ``state_dict()``, ``save()``, ..."""
 
-    def __init__(self, model, optimizer, stage: int, comm, modules, settings: dict) -> None:
+    def __init__(self, model, optimizer, stage: int, comm, modules, settings: dict, init=None) -> None:
         self.model = model
         self.units = [u for u in plan_units(model, modules) if u.needed]
         self.params = trainable(model)
         owning = [u for u in self.units if u.owned]
-        arrays = {name: as_array(p) for name, p in self.params.items()}
         groups = [list(u.owned) for u in owning]
-        self.engine = ZeroEngine(arrays, optimizer, comm=comm, groups=groups, stage=stage, **settings)
-        self.announcer = Announcer(self.engine.collectives)
         group_of = {name: g for g, u in enumerate(owning) for name in u.owned}
-        device = next(iter(self.params.values())).device
+        on_meta = is_meta_model(self.params)
+        meta = MetaInit(model, self.params, group_of, init) if on_meta else None
+        source = meta.sharded_init() if meta else {name: as_array(p) for name, p in self.params.items()}
+        self.engine = ZeroEngine(source, optimizer, comm=comm, groups=groups, stage=stage, **settings)
+        if meta:
+            meta.finish()
+        self.announcer = Announcer(self.engine.collectives)
+        device = torch.device("cpu") if on_meta else next(iter(self.params.values())).device
         self.binder = Binder(self.engine, self.params, device, self.announcer)
         self.hooks = None
         if self.binder.sharded:
