@@ -85,7 +85,9 @@ class ZeroEngine:
         agree.raise_unless_equal(self.collectives, signature)
         self.groups: list[FlatGroup] = setup.build_groups(source, group_names, self.config, optimizer, self.collectives)
         self.numel = sum(g.layout.numel for g in self.groups)
-        self.initial_digest = setup.initial_digest(self.groups, self.collectives, verify_held=sharded)
+        if sharded:
+            setup.agree_held_params(self.groups, self.collectives)
+        self.initial_digest = self.master_digest()
         for group in self.groups:
             group.keep_local_grads(self.collectives, self.reduction)
         self._tracker = StepTracker(len(self.groups))
@@ -363,6 +365,10 @@ class ZeroEngine:
             self.collectives.allgather(np.ascontiguousarray(shard), full, counted_as="report")
             result.update({k: v.copy() for k, v in group.layout.views(full).items()})
         return {name: result[name] for name in self.names}
+
+    def master_digest(self) -> str:
+        """A digest of the fp32 master params, the same at any world size (collective: each rank digests its shard)."""
+        return setup.master_digest(self.groups, self.collectives)
 
     def memory(self) -> dict[str, int]:
         """Bytes this rank holds now, by kind (``memory.KINDS``), read from the buffers themselves."""

@@ -93,7 +93,9 @@ def checked_fill(init: ShardedInit, xp) -> Callable[[str, int, int], object]:
         call = f"fill({name!r}, {start}, {stop})"
         try:
             values = init.fill(name, start, stop)
-        except Exception as error:  # any failure, MemoryError included, must reach the agreement
+        except MemoryError:
+            raise  # the set-up's own failure, not fill's: reported as such
+        except Exception as error:  # any other failure must reach the agreement, not end this rank alone
             raise FillError(f"{call} raised {type(error).__name__}: {error}") from error
         problem = values_problem(values, stop - start, xp)
         if problem is not None:

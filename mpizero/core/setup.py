@@ -1,4 +1,4 @@
-"""Make one rank's flat groups from an initializer, and the digest of the initial values, agreed by every rank.
+"""Make one rank's flat groups from an initializer, agreed by every rank; and digests of what the ranks hold.
 
 A rank asks ``fill`` only for what it holds (``FlatGroup``), so at stage 3 the
 set-up holds only shards: the param shard, the master shard, the grad shard and
@@ -34,25 +34,28 @@ def build_groups(source: init.ShardedInit, group_names, config, optimizer, colle
             groups.append(group)
     except init.FillError as error:
         problem = str(error)
-    except MemoryError:
+    except MemoryError as error:
         held = sum(sum(group.memory().values()) for group in groups)
-        problem = f"out of memory making group {len(groups)} of {len(group_names)} (holding {held} bytes)"
+        problem = f"out of memory making group {len(groups)} of {len(group_names)}, holding {held} bytes ({error})"
     if problem is not None:
         groups.clear()  # free what was made before agreeing
     agree.raise_if_any(collectives, problem, "bad initial values")
     return groups
 
 
-def initial_digest(groups: list[FlatGroup], collectives, verify_held: bool) -> str:
-    """The digest of the initial master params, from each rank's shard (collective).
+def agree_held_params(groups: list[FlatGroup], collectives) -> None:
+    """Where every rank holds the full params (stages 0-2) and ``fill`` made them on every rank, agree that every
+    rank holds the same; at stage 3 each element was made once, by its owner, so there is nothing to agree."""
+    if groups[0].plan.gathers_params:
+        return
+    held = [(s.name, 0, g.full_params[s.offset : s.stop]) for g in groups for s in g.layout.specs]
+    fields = {"the initial parameter values fill made": digest.combine([digest.partial(held)])}
+    agree.raise_unless_equal(collectives, fields)
 
-    ``verify_held``: where every rank holds the full params (stages 0-2) and
-    ``fill`` made them on every rank, ranks first agree that they hold the same.
-    """
-    if verify_held and not groups[0].plan.gathers_params:
-        held = [(s.name, 0, g.full_params[s.offset : s.stop]) for g in groups for s in g.layout.specs]
-        fields = {"the initial parameter values fill made": digest.combine([digest.partial(held)])}
-        agree.raise_unless_equal(collectives, fields)
+
+def master_digest(groups: list[FlatGroup], collectives) -> str:
+    """The digest of the fp32 master params, each rank digesting its shard (collective; the same at any world
+    size, stage or grouping: ``digest``)."""
     pieces = [piece for g in groups for piece in g.state_pieces(*g.plan.shard_range)]
     mine = digest.partial((piece.spec.name, piece.start, piece.arrays["master"]) for piece in pieces)
-    return digest.combine([collectives.allreduce_array(mine, MPI.SUM, "the initial digest")])
+    return digest.combine([collectives.allreduce_array(mine, MPI.SUM, "the master digest")])
