@@ -20,16 +20,15 @@ from mpi4py import MPI
 
 from mpizero.comm import agree, launch
 from mpizero.comm.collectives import Collectives
-from mpizero.core import norm, scales
-from mpizero.core.arrays import array_module, is_device_array, to_host
+from mpizero.core import norm, scales, setup
+from mpizero.core.arrays import array_module, to_host
 from mpizero.core.config import ZeroConfig
 from mpizero.core.group import FlatGroup, ParamState, StatePiece
-from mpizero.core.layout import FlatLayout
+from mpizero.core.init import ShardedInit, from_arrays
 from mpizero.core.memory import KINDS, MemoryLog, peak_rss_bytes
-from mpizero.core.partition import Partition
 from mpizero.core.reduction import REDUCTIONS
 from mpizero.core.signature import params_problem, setup_signature
-from mpizero.core.stages import GradientCollective, ShardPlan, sharding
+from mpizero.core.stages import GradientCollective
 from mpizero.core.step import StepOrderError, StepState, StepTracker
 from mpizero.core.tally import GroupTally
 
@@ -50,13 +49,16 @@ class StepResult:
 class ZeroEngine:
     """ZeRO stages 0-3 for named float32 parameters, bitwise equal to the single-rank reference.
 
-    ``params`` must have the same names, shapes, dtypes and values on every
-    rank; ``groups`` lists parameter names per flat group (default: one group).
+    ``params``: the full arrays, with the same names, shapes, dtypes and values on
+    every rank; or a ``ShardedInit`` (``init``), from which each rank makes only
+    the values it holds, so that at stage 3 no rank ever holds the whole model.
+    ``groups`` lists parameter names per flat group (default: one group).
+    ``initial_digest`` tells runs apart by their initial values, at any world size.
     """
 
     def __init__(
         self,
-        params: Mapping,
+        params: Mapping | ShardedInit,
         optimizer,
         *,
         comm: MPI.Comm | None = None,
@@ -68,10 +70,12 @@ class ZeroEngine:
         launch.refuse_split_launch(self.config.allow_singleton)
         self.optimizer = optimizer
         self.reduction = REDUCTIONS[self.config.reduction]
-        self.names = list(params)
+        sharded = isinstance(params, ShardedInit)
+        self.names = list(params.shapes if sharded else params)
         group_names = [self.names] if groups is None else [list(g) for g in groups]
         problem = params_problem(params, group_names)
-        on_device = problem is None and is_device_array(next(iter(params.values())))
+        source = params if sharded or problem is not None else from_arrays(params)  # what fill makes values from
+        on_device = problem is None and source.device == "gpu"
         self.collectives = Collectives(self.comm, self.config.watchdog, on_device)
         self.step_count = self.skipped_steps = 0
         self.peak_gathered_groups = 0
@@ -81,16 +85,11 @@ class ZeroEngine:
         agree.raise_if_any(self.collectives, problem, "bad parameters")
         signature = setup_signature(params, group_names, self.config, self.collectives.paths, optimizer)
         agree.raise_unless_equal(self.collectives, signature)
-        xp = array_module(next(iter(params.values())))
-        rank, size = self.comm.Get_rank(), self.comm.Get_size()
-        self.groups: list[FlatGroup] = []
-        for names in group_names:
-            layout = FlatLayout.from_shapes({n: params[n].shape for n in names})
-            plan = ShardPlan(sharding(self.config.stage), Partition(layout.numel, size, self.config.align), rank)
-            group = FlatGroup(layout, plan, xp, self.config.param_dtype, params)
-            group.init_optimizer(optimizer.state_names)
-            self.groups.append(group)
+        self.groups: list[FlatGroup] = setup.build_groups(source, group_names, self.config, optimizer, self.collectives)
         self.numel = sum(g.layout.numel for g in self.groups)
+        if sharded:
+            setup.agree_held_params(self.groups, self.collectives)
+        self.initial_digest = self.master_digest()
         for group in self.groups:
             group.keep_local_grads(self.collectives, self.reduction)
         self._tracker = StepTracker(len(self.groups))
@@ -408,6 +407,10 @@ class ZeroEngine:
         shard = to_host(group.master_shard[owned_start : owned_start + stop - start])
         self.collectives.allgather(np.ascontiguousarray(shard), full, counted_as="report")
         return {k: v.copy() for k, v in group.layout.views(full).items()}
+
+    def master_digest(self) -> str:
+        """A digest of the fp32 master params, the same at any world size (collective: each rank digests its shard)."""
+        return setup.master_digest(self.groups, self.collectives)
 
     def memory(self) -> dict[str, int]:
         """Bytes this rank holds now, by kind (``memory.KINDS``), read from the buffers themselves."""
