@@ -52,6 +52,11 @@ def test_placeholders_gathered_state_dicts_and_mismatched_calls(n):
         assert f"{check} ok" in out, out
 
 
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_meta_device_models_equal_normally_built_ones_at_any_world_size(n):
+    assert "meta ok" in run_mpi_ok(n, ["-m", "mpi4py", "tests/mpi/torch_users.py", "--meta"], timeout=120)
+
+
 def plain_step(kind, model, optimizer, step):
     for m in range(MICRO_BATCHES):
         x, y = users.batch(kind, step, m)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from mpizero.core.init import ShardedInit
+from mpizero.torch.units import trainable
 
 Initializer = Callable[[torch.nn.Module], None]
 
@@ -35,7 +36,7 @@ def initializes_itself(module: torch.nn.Module) -> bool:
     return hasattr(module, "reset_parameters")
 
 
-def is_meta_model(params: dict[str, torch.nn.Parameter]) -> bool:
+def is_meta_model(params: dict) -> bool:
     """Whether the trainable parameters are on the meta device (all of them, or the model is refused)."""
     on_meta = [name for name, p in params.items() if p.is_meta]
     if on_meta and len(on_meta) != len(params):
@@ -45,20 +46,33 @@ def is_meta_model(params: dict[str, torch.nn.Parameter]) -> bool:
 
 
 class MetaInit:
-    """Materialize a meta-device model module by module; hand the engine the values it asks for."""
+    """Materialize a meta-device model module by module; hand the engine the values it asks for.
 
-    def __init__(self, model: torch.nn.Module, params: dict, group_of: dict[str, int], init: Initializer | None):
-        self.params, self.group_of = params, group_of
+    Made before anything else touches the model: it swaps every meta parameter for an empty CPU one (the same
+    object wherever the parameter is shared, so ties hold), since torch cannot move a meta tensor's data.
+    """
+
+    def __init__(self, model: torch.nn.Module, group_of: dict[str, int], init: Initializer | None):
+        self.group_of = group_of
         self.init = init or reset
         self.order = _children_first(model)
         self.done = 0
         self.values: dict[str, torch.Tensor] = {}
         self.captured: set[str] = set()  # a tied parameter keeps its first initialization, as tying after it does
-        self.shapes = {name: tuple(p.shape) for name, p in params.items()}
-        self.canonical = {id(p): name for name, p in params.items()}
+        self.full_shape: dict[int, tuple[torch.Size, torch.dtype]] = {}
+        swapped: dict[int, torch.nn.Parameter] = {}
+        for module in self.order:
+            for key, p in module._parameters.items():
+                if p is not None and p.is_meta:
+                    if id(p) not in swapped:
+                        swapped[id(p)] = torch.nn.Parameter(torch.empty(0, dtype=p.dtype), p.requires_grad)
+                        self.full_shape[id(swapped[id(p)])] = (p.shape, p.dtype)
+                    module._parameters[key] = swapped[id(p)]
+        self.params = trainable(model)
+        self.canonical = {id(p): name for name, p in self.params.items()}
         if init is None:
             covered = {id(p) for m in self.order if initializes_itself(m) for p in m.parameters(recurse=False)}
-            left = [name for name, p in params.items() if id(p) not in covered]
+            left = [name for name, p in self.params.items() if id(p) not in covered]
             if left:
                 raise ValueError(
                     f"meta-device parameters {left[:5]} belong to no module with reset_parameters(), so nothing "
@@ -70,7 +84,8 @@ class MetaInit:
         """The engine's initializer; its identity includes torch's random state, which ranks must share."""
         state = hashlib.blake2b(torch.get_rng_state().numpy().tobytes(), digest_size=8).hexdigest()
         how = getattr(self.init, "__qualname__", repr(self.init))
-        return ShardedInit(self.shapes, self.fill, f"meta-device torch model, {how}, torch random state {state}")
+        shapes = {name: tuple(self.full_shape[id(p)][0]) for name, p in self.params.items()}
+        return ShardedInit(shapes, self.fill, f"meta-device torch model, {how}, torch random state {state}")
 
     def fill(self, name: str, start: int, stop: int):
         """Elements ``[start, stop)`` of ``name``; drop the values of groups the engine has moved past."""
@@ -88,24 +103,22 @@ class MetaInit:
         self.values.clear()
 
     def _initialize_next(self) -> None:
+        """Initialize the next module on real memory; keep its trainable parameters' values, free their memory."""
         module = self.order[self.done]
         self.done += 1
-        trainable = []
         for p in module._parameters.values():
-            if p is None:
-                continue
-            name = self.canonical.get(id(p))
-            if name is not None or p.is_meta:
-                shape = self.shapes[name] if name is not None else p.shape
-                p.data = torch.empty(shape, dtype=torch.float32 if name else p.dtype)
-            if name is not None:
-                trainable.append((name, p))
+            if p is not None and id(p) in self.full_shape and (id(p) in self.canonical or p.numel() == 0):
+                shape, dtype = self.full_shape[id(p)]
+                p.data = torch.empty(shape, dtype=dtype)
         for key, b in module._buffers.items():
             if b is not None and b.is_meta:
                 module._buffers[key] = torch.empty_like(b, device="cpu")
         with torch.no_grad():
             self.init(module)
-        for name, p in trainable:
+        for p in module._parameters.values():
+            name = None if p is None else self.canonical.get(id(p))
+            if name is None:
+                continue
             if name not in self.captured:
                 self.values[name] = p.detach().clone()
                 self.captured.add(name)

@@ -68,12 +68,12 @@ class ShardedModel:
     def __init__(self, model, optimizer, stage: int, comm, modules, settings: dict, init=None) -> None:
         self.model = model
         self.units = [u for u in plan_units(model, modules) if u.needed]
-        self.params = trainable(model)
         owning = [u for u in self.units if u.owned]
         groups = [list(u.owned) for u in owning]
         group_of = {name: g for g, u in enumerate(owning) for name in u.owned}
-        on_meta = is_meta_model(self.params)
-        meta = MetaInit(model, self.params, group_of, init) if on_meta else None
+        on_meta = is_meta_model(trainable(model))
+        meta = MetaInit(model, group_of, init) if on_meta else None  # first: it swaps the model's parameters
+        self.params = trainable(model)
         source = meta.sharded_init() if meta else {name: as_array(p) for name, p in self.params.items()}
         self.engine = ZeroEngine(source, optimizer, comm=comm, groups=groups, stage=stage, **settings)
         if meta:

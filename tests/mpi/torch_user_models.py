@@ -69,16 +69,18 @@ def gpt2():
     return model, [body.wte, body.wpe, *body.h, body.ln_f]
 
 
-def make(kind: str, seed: int = 0):
-    """The model of ``kind``, initialised from ``seed``, and its stage 3 units."""
-    torch.manual_seed(seed)
+def make(kind: str, seed: int | None = 0):
+    """The model of ``kind``, initialised from ``seed`` (None: from torch's random state as it is), and its
+    stage 3 units."""
+    if seed is not None:
+        torch.manual_seed(seed)
     if kind == "tied":
         return Tied(), None
     if kind == "twice":
         return Twice(), None
     if kind == "frozen":
         model = mlp()
-        model[0].requires_grad_(False)
+        model[0].requires_grad_(False)  # frozen
         return model, None
     if kind == "nested":
         return Nested(), None

@@ -146,7 +146,41 @@ def check_mismatch():
     say("mismatch ok")
 
 
+def check_meta():
+    """Models built on the meta device: each rank keeps only its pieces, equal to the model built normally."""
+    for kind in ("tied", "twice", "batchnorm"):
+        normal, _ = make(kind)
+        after_normal = torch.rand(1)
+        for stage in range(4):
+            torch.manual_seed(0)
+            with torch.device("meta"):
+                model, _ = make(kind, seed=None)
+            zero = shard(model, mpizero.AdamW(lr=1e-2, weight_decay=0.1), stage=stage)
+            assert torch.equal(torch.rand(1), after_normal), "the random state differs from a normal build"
+            masters = zero.master_params()
+            for name, p in normal.named_parameters():
+                assert torch.equal(torch.from_numpy(masters[name]), p.detach()), (kind, stage, name)
+            for ours, theirs in zip(model.buffers(), normal.buffers()):
+                assert torch.equal(ours, theirs), (kind, stage)
+            if stage == 3:
+                assert zero.engine.memory()["params"] <= 4 * (zero.engine.numel // comm.size + len(zero.engine.groups))
+            train(kind, zero, model, steps=1)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        nested, _ = make("nested", seed=None)
+    try:
+        shard(nested, mpizero.SGD(lr=0.1), stage=3)
+    except ValueError as error:
+        assert "['bias']" in str(error) and "init=" in str(error), error
+    else:
+        raise AssertionError("a meta parameter no module initializes was accepted")
+    say("meta ok")
+
+
 def main(argv):
+    if argv == ["--meta"]:
+        check_meta()
+        return
     if argv == ["--features"]:
         check_placeholders()
         check_gathered()
