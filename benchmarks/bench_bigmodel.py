@@ -67,7 +67,7 @@ def initializer(shapes: dict, seed: int):
 
 
 def worker(args) -> None:
-    """Build the engine from the initializer, train ``steps`` steps; every rank prints one JSON line."""
+    """Build the engine from the initializer, train ``steps`` steps; rank 0 prints one JSON line per rank."""
     from mpi4py import MPI
 
     from mpizero import AdamW, ZeroEngine
@@ -103,7 +103,9 @@ def worker(args) -> None:
         "final": engine.master_digest(),
         "losses": losses,
     }
-    print(json.dumps(row), flush=True)
+    rows = engine.collectives.gather_object(row, "the benchmark's rows")
+    for row in rows or ():  # rank 0 prints every rank's line, so lines never interleave
+        print(json.dumps(row), flush=True)
 
 
 def vm_bytes(field: str) -> int:
@@ -164,11 +166,21 @@ def main() -> None:
     )
     guess = predicted(model, args.ranks)
     print(f"-n {args.ranks} under the cap: trained {args.steps} steps in {time.perf_counter() - start:.0f} s")
-    header = ("rank", "RSS after set-up", "peak RSS", "peak address space", "engine peak", "estimator: states", "peak")
-    widths = (17, 10, 19, 12, 18, 10)
+    header = (
+        "rank",
+        "RSS before",
+        "after set-up",
+        "peak RSS",
+        "peak address space",
+        "engine peak",
+        "estimator: states",
+        "peak",
+    )
+    widths = (10, 12, 10, 19, 12, 18, 10)
     print(f"{header[0]:>4} " + " ".join(f"{h:>{w}}" for h, w in zip(header[1:], widths)))
     for row in rows:
-        cells = (row["setup_rss"], row["peak_rss"], row["vm_peak"], row["engine_peak"], guess["states"], guess["peak"])
+        cells = (row["base_rss"], row["setup_rss"], row["peak_rss"], row["vm_peak"], row["engine_peak"])
+        cells += (guess["states"], guess["peak"])
         print(f"{row['rank']:>4} " + " ".join(f"{format_bytes(c):>{w}}" for c, w in zip(cells, widths)))
     first = rows[0]
     print(f"set-up {first['setup_s']:.1f} s, {first['step_s']:.1f} s per step; losses {first['losses']}")

@@ -161,6 +161,8 @@ class Trainer:
             for g in self.groups_of_unit[u]:
                 if self.last_unit_of_group[g] == u:
                     self._hand_in(g, grads if batch is not None else None, last_round)
+                    for name in self.engine.groups[g].layout.names:  # handed in: no rank keeps the whole gradient
+                        grads.pop(name, None)
         return loss
 
     def _hand_in(self, group: int, grads: dict | None, last_round: bool) -> None:

@@ -42,7 +42,8 @@ def train(engine, steps=STEPS):
     for step in range(1, steps + 1):
         batches = [regression_batch(MODEL.widths, 1, step, m, 6) for m in range(MICRO_BATCHES)]
         with engine.gathered() as full:
-            engine.step([forward_backward(MODEL, full, *batches[m])[1] for m in mine])
+            params = {k: v.astype(np.float32) for k, v in full.items()}  # computed in float32 (as the trainer does)
+            engine.step([forward_backward(MODEL, params, *batches[m])[1] for m in mine])
 
 
 def reference_params(steps=STEPS):
@@ -85,6 +86,17 @@ def check_identity_with_full_arrays():
         assert trained == arrays.master_digest() != sharded.initial_digest
         if rank == 0:
             print(f"stage {stage} initial {sharded.initial_digest} trained {trained}", flush=True)
+
+
+def check_identity_in_bf16():
+    for stage in (1, 3):
+        sharded = ZeroEngine(INIT, Adam(lr=1e-2), groups=GROUPS, stage=stage, param_dtype="bfloat16")
+        arrays = ZeroEngine(FULL, Adam(lr=1e-2), groups=GROUPS, stage=stage, param_dtype="bfloat16")
+        for engine in (sharded, arrays):
+            train(engine, steps=2)
+        with sharded.gathered() as a, arrays.gathered() as b:
+            assert same_bytes(a, b) and next(iter(a.values())).dtype.name == "bfloat16", stage
+        assert same_bytes(sharded.master_params(), arrays.master_params()), stage
 
 
 def expect_error(fn, *fragments):
@@ -131,6 +143,7 @@ def check_bad_fill_fails_on_every_rank():
 
 
 check_identity_with_full_arrays()
+check_identity_in_bf16()
 check_bad_fill_fails_on_every_rank()
 if rank == 0:
     print("sharded init checks ok")
