@@ -1,6 +1,7 @@
 """Sharded checkpoints: resume bit for bit, survive kill -9, reshard, consolidate, refuse bad ones."""
 
 import hashlib
+import io
 import json
 import os
 import secrets
@@ -173,17 +174,15 @@ def test_reshard_up_from_two_ranks(tmp_path, straight):
     assert out.read_bytes() == straight
 
 
-def test_consolidate_writes_the_trained_parameters_by_name(tmp_path, saved):
+def test_consolidate_writes_the_trained_parameters_by_name(tmp_path, saved, straight):
     out = tmp_path / "full.npz"
-    params = tmp_path / "params.npy"
-    train(2, 2, 4, "--resume", saved / "ckpt-00000004", "--save-params", params)  # no more steps to take
     run_mpi_ok(1, ["-m", "mpizero", "consolidate", str(saved), str(out), "--optimizer"])
     with np.load(out, allow_pickle=False) as z:
         names = [n for n in z.files if "/" not in n]
         assert names == ["l0.w", "l0.b", "l1.w", "l1.b", "l2.w", "l2.b"]
         flat = np.concatenate([z[n].reshape(-1) for n in names])
         assert z["l0.w"].shape == (64, 48) and "l0.w/exp_avg_sq" in z.files
-    assert flat.tobytes() == np.load(params, allow_pickle=False).tobytes()
+    assert flat.tobytes() == np.load(io.BytesIO(straight), allow_pickle=False).tobytes()
 
 
 def copy_of(saved, tmp_path) -> Path:
@@ -426,7 +425,7 @@ def test_another_learning_rate_is_refused_unless_overridden(tmp_path, saved):
 
 def test_resume_refuses_different_data_settings(tmp_path, saved):
     path = copy_of(saved, tmp_path)
-    expected = "manifest.json: field training.data.global_batch: checkpoint 24, this run --global-batch 12"
+    expected = "manifest.json: field training.settings.global_batch: checkpoint 24, this run --global-batch 12"
     refused(tmp_path, path, resume_from(path, tmp_path, "--global-batch", 12), expected)  # the last flag wins
 
 
@@ -438,23 +437,46 @@ def test_keep_below_one_is_refused(tmp_path):
     assert not (tmp_path / "ckpt").exists()
 
 
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A 16 KiB tmpfs: a real full disk (ENOSPC) for a save of about 70 KiB."""
+def small_disk(tmp_path, kib: int):
+    """A tmpfs of ``kib`` KiB: a real full disk (ENOSPC); one save of this test's model is about 80 KiB."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)], capture_output=True).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(mount)], capture_output=True).returncode:
         pytest.skip("cannot mount a tmpfs here (needs root)")
+    return mount
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    mount = small_disk(tmp_path, 16)
     try:
         yield mount
     finally:
         subprocess.run(["umount", str(mount)], check=True)
 
 
-def test_a_full_disk_names_the_os_error_and_leaves_nothing(tiny_disk):
+@pytest.fixture
+def disk_for_one_save(tmp_path):
+    mount = small_disk(tmp_path, 144)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_too_little_free_space_is_refused_before_the_first_step(tiny_disk):
     done = train(2, 2, 2, "--checkpoint-dir", tiny_disk, "--checkpoint-every", 2, ok=False)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("mpizero: error:")]
+    assert len(errors) == 1 and "before the first step" in errors[0], done.stderr
+    assert f"not enough free space for --checkpoint-dir {tiny_disk}" in errors[0] and "step " not in done.stdout
+    assert os.listdir(tiny_disk) == []
+
+
+def test_a_full_disk_names_the_os_error_and_leaves_nothing(disk_for_one_save):
+    done = train(2, 2, 4, "--checkpoint-dir", disk_for_one_save, "--checkpoint-every", 2, ok=False)
     assert done.returncode == 2, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("mpizero: error:")]
     assert len(errors) == 1 and "checkpoint save" in errors[0], done.stderr
     assert "ENOSPC (No space left on device)" in errors[0] and ".npy" in errors[0], errors[0]
-    assert os.listdir(tiny_disk) == []  # the partial save was removed
+    assert os.listdir(disk_for_one_save) == ["ckpt-00000002"]  # the partial second save was removed

@@ -23,6 +23,8 @@ from mpizero.training.registry import Size, entry, formula_setups, param_shapes
 from mpizero.training.trainer import make_groups
 
 OUTPUTS: dict[str, str] = {}
+INPUTS: dict[str, str] = {}
+OUTPUT_DIRS: dict[str, str] = {}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

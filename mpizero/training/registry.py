@@ -3,7 +3,8 @@
 ``MODELS`` is the one table: ``train``, ``estimate`` and ``plot`` take their
 ``--model`` choices from it and ask the entry, never the name, what to do.
 Every entry has the same interface: ``problems()`` (what is wrong with the
-sizes), ``load()`` (its data), ``build(data)``, ``micro_batch(...)``,
+sizes), ``load()`` (its data), ``data_problems(data)`` (what the sizes ask of
+the data that it cannot give), ``build(data)``, ``micro_batch(...)``,
 ``samples_per_item`` and ``unit`` (for throughput), and ``evaluate(...)``.
 """
 
@@ -55,6 +56,9 @@ class DigitsMLP:
     def problems(self) -> list[str]:
         return []
 
+    def data_problems(self, data: Digits) -> list[str]:
+        return []
+
     def load(self) -> Digits:
         return Digits.load()
 
@@ -89,6 +93,17 @@ class TextTransformer:
     def problems(self) -> list[str]:
         if self.width % self.size.heads:
             return [f"--width {self.width} must be a multiple of --heads {self.size.heads}"]
+        return []
+
+    def data_problems(self, data: Corpus) -> list[str]:
+        """A window of ``block_size`` + 1 characters must fit in the training text and in the held-out text."""
+        held_out = len(data.tokens) - data.split
+        longest = min(data.split - 2, held_out - 1)
+        if self.size.block_size > longest:
+            return [
+                f"--block-size {self.size.block_size} is longer than the corpus allows ({data.split:,} training and "
+                f"{held_out:,} held-out characters): at most {longest:,}"
+            ]
         return []
 
     def load(self) -> Corpus:
