@@ -129,8 +129,9 @@ MODEL_SETTINGS = ("model", *SIZES, "precision", "reduction", "optimizer", "bucke
 def model_setups(args):
     """Yield ``(stage, formulas.Setup)`` for the model and settings that ``MODEL_SETTINGS`` name, at every stage."""
     task = entry(args.model, Size.of(args))
-    model = task.build(task.load())
-    return formula_setups(model, args.ranks, args.precision, args.reduction, args.optimizer, args.bucket_elems)
+    return formula_setups(
+        task.unit_runs(task.load()), args.ranks, args.precision, args.reduction, args.optimizer, args.bucket_elems
+    )
 
 
 def add(parser: argparse.ArgumentParser, *names: str, **changes) -> None:

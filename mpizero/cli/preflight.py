@@ -24,24 +24,25 @@ def check(args, task, data, model, collectives) -> None:
     """Raise the same ZeroError on every rank if the data, the memory or the disk cannot hold this run."""
     problems = task.data_problems(data)
     if not args.no_memory_check:
-        problems += memory_problems(args, model, collectives.comm.Get_size(), collectives.node.Get_size())
+        units = task.unit_runs(data)
+        problems += memory_problems(args, units, collectives.comm.Get_size(), collectives.node.Get_size())
     if collectives.comm.Get_rank() == 0:
         problems += files.space_problems(space_needed(args, model))
     agree.raise_if_any(collectives, "; ".join(problems) or None, "before the first step")
 
 
-def predicted_bytes(args, model, ranks: int) -> int:
+def predicted_bytes(args, units: list, ranks: int) -> int:
     """Bytes one rank needs: the engine's buffers at ``--stage`` (``formulas``) and the full fp32 initial
     parameters every rank builds before it keeps its shard."""
-    setups = dict(formula_setups(model, ranks, args.precision, args.reduction, args.optimizer, args.bucket_elems))
-    numel = sum(math.prod(shape) for shape in param_shapes(model).values())
+    setups = dict(formula_setups(units, ranks, args.precision, args.reduction, args.optimizer, args.bucket_elems))
+    numel = sum(sum(unit.tensors) * unit.count for unit in units)
     return sum(formulas.engine_bytes(setups[args.stage]).values()) + 4 * numel
 
 
-def memory_problems(args, model, ranks: int, ranks_here: int) -> list[str]:
+def memory_problems(args, units: list, ranks: int, ranks_here: int) -> list[str]:
     """Whether the ranks on this host fit in its available memory."""
     available = available_memory()
-    needed = predicted_bytes(args, model, ranks)
+    needed = predicted_bytes(args, units, ranks)
     if available is None or needed * ranks_here <= available:
         return []
     return [
