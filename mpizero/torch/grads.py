@@ -7,10 +7,13 @@ Glossary:
   agreed on the step's scales: never redone, but the memory grows with the
   micro-batches. What ``loss.backward(); zero.step()`` does.
 - streamed: as soon as autograd has finished every gradient of a group, the
-  group's gradients are folded into the engine's sum (``accumulate``) and
-  dropped, at the scales the engine predicted: the memory after backward is the
-  same at any number of micro-batches. A step whose prediction failed is redone
-  by running the caller's closure again. What ``zero.step(closure)`` does.
+  group's gradients are encoded at the scales the engine predicted and dropped:
+  reduce-scattered into the grad shard at once where gradients are sharded
+  (stages 2-3, as DeepSpeed and FSDP do: one announced ``reduce_round`` per
+  group and backward), folded into the local grads otherwise (``accumulate``).
+  The memory after backward is the same at any number of micro-batches. A step
+  whose prediction failed is redone by running the caller's closure again.
+  What ``zero.step(closure)`` does.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from __future__ import annotations
 class GradientIntake:
     """This rank's gradients of the step so far, from autograd's post-accumulate hooks."""
 
-    def __init__(self, engine, group_of: dict[str, int]) -> None:
-        self.engine, self.group_of = engine, group_of
+    def __init__(self, engine, group_of: dict[str, int], announce_round) -> None:
+        self.engine, self.group_of, self.announce_round = engine, group_of, announce_round
+        self.per_round = engine.groups[0].plan.reduces_each_round
         self.streaming = False
         self.counted = True  # False inside ``not_counted()``: gradients are dropped
         self.reduce_in_backward = False  # ``last_backward()``: start each group's reduction once it is complete
@@ -53,9 +57,14 @@ class GradientIntake:
             self.start_ready()
 
     def _accumulate(self, group: int) -> None:
-        """Fold group ``group``'s gradients of this backward (complete or not) into the engine; drop them."""
+        """Hand group ``group``'s gradients of this backward (complete or not) to the engine; drop them."""
         names = self.engine.groups[group].layout.names
-        self.engine.accumulate({n: self.current.pop(n) for n in names if n in self.current}, groups=[group])
+        grads = {n: self.current.pop(n) for n in names if n in self.current}
+        if self.per_round:
+            self.announce_round(group)
+            self.engine.reduce_round(group, grads)
+        else:
+            self.engine.accumulate(grads, groups=[group])
 
     def start_ready(self) -> None:
         """Start the reduction of every complete group, in descending order (the same on every rank)."""

@@ -86,7 +86,7 @@ class ShardedModel:
             self.hooks = UnitHooks(model, self.units, group_of, self.binder, self._backward_started)
         for name, p in self.params.items():
             p.register_post_accumulate_grad_hook(partial(self._grad_ready, name))
-        self.grads = GradientIntake(self.engine, group_of)
+        self.grads = GradientIntake(self.engine, group_of, partial(self.announcer.announce, Operation.REDUCE_ROUND))
         self._in_backward = self._joining = self._step_announced = False
         self._grad_norm: float | None = None  # clip_grad_norm_() reduced this step's gradients already
         self._ended: StepResult | None = None  # ... and the step ended there (skipped)
@@ -143,11 +143,14 @@ class ShardedModel:
             yield self
         finally:
             self._joining = False
-        self.announcer.serve_joined(self._shadow_gather)
+        self.announcer.serve_joined({Operation.GATHER: self._shadow_gather, Operation.REDUCE_ROUND: self._shadow_round})
 
     def _shadow_gather(self, index: int) -> None:
         self.engine.gather(index)
         self.engine.release(index)
+
+    def _shadow_round(self, index: int) -> None:
+        self.engine.reduce_round(index, None)
 
     # Step -----------------------------------------------------------------
 

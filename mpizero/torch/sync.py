@@ -12,8 +12,8 @@ Glossary:
   from the same announcement and raises the same error, naming what each rank
   did and the fix; no rank is left waiting in a mismatched collective.
 - joined: a rank that has left ``join()`` (DDP's ``Join``): it has no more
-  backward passes this step, and it takes part in the gathers of the ranks that
-  still have, until every rank has joined.
+  backward passes this step, and it takes part in the gathers and per-round
+  reductions of the ranks that still have, until every rank has joined.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class Operation(enum.IntEnum):
     SAVE = 7
     LOAD = 8
     MASTER_PARAMS = 9
+    REDUCE_ROUND = 10
 
 
 DESCRIBED = {
@@ -54,7 +55,9 @@ DESCRIBED = {
     Operation.SAVE: "called save()",
     Operation.LOAD: "called load()",
     Operation.MASTER_PARAMS: "called master_params()",
+    Operation.REDUCE_ROUND: "reduce-scattered a backward's gradients",
 }
+SHADOWED = (Operation.GATHER, Operation.REDUCE_ROUND)  # what joined ranks take part in
 
 
 class Announcer:
@@ -77,7 +80,7 @@ class Announcer:
         ).tolist()
         if high == NOTHING:
             return True, None, 0
-        if high != -low or detail_high != -detail_low or (any_joined and high != Operation.GATHER):
+        if high != -low or detail_high != -detail_low or (any_joined and high not in SHADOWED):
             self._raise_mismatch(operation, detail)
         return bool(any_joined), Operation(high), detail_high
 
@@ -86,7 +89,7 @@ class Announcer:
         everyone = self.collectives.allgather_object((int(operation), detail), "the announced operations")
         by_what: dict[str, list[int]] = {}
         for rank, (op, group) in enumerate(everyone):
-            what = DESCRIBED[Operation(op)] + (f" (group {group})" if op == Operation.GATHER else "")
+            what = DESCRIBED[Operation(op)] + (f" (group {group})" if op in SHADOWED else "")
             by_what.setdefault(what, []).append(rank)
         seen = "; ".join(f"ranks {ranks} {what}" for what, ranks in by_what.items())
         raise ZeroError(
@@ -95,10 +98,11 @@ class Announcer:
             "inside `with zero.join():` (or step(closure), which does), and call step() on every rank after it"
         )
 
-    def serve_joined(self, shadow_gather) -> None:
-        """As a joined rank: take part in the other ranks' gathers (``shadow_gather(group)``) until all joined."""
+    def serve_joined(self, shadows: dict) -> None:
+        """As a joined rank: take part in the other ranks' gathers and reductions (``shadows[operation](group)``)
+        until every rank has joined."""
         while True:
             _, operation, group = self._exchange(Operation.JOINED, 0)
             if operation is None:
                 return
-            shadow_gather(group)
+            shadows[operation](group)
