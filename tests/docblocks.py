@@ -21,6 +21,7 @@ from mpirun import ROOT
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 FENCED = re.compile(r"(?:<!-- (?P<marker>[^\n]*?) -->\n)?```(?P<lang>\w*)\n(?P<text>.*?)^```$", re.S | re.M)
 NAME = re.compile(r"[a-z][a-z0-9-]*")
+KINDS = ("named", "file", "test", "run", "console", "results")
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,8 @@ class Block:
 
     @property
     def kind(self) -> str:
-        if NAME.fullmatch(self.marker):
-            return "named"
-        return self.marker.split(":", 1)[0].strip()
+        kind = self.marker.split(":", 1)[0].strip()
+        return kind if kind in KINDS or not NAME.fullmatch(self.marker) else "named"
 
     @property
     def argument(self) -> str:

@@ -1,0 +1,73 @@
+"""An install that fits the machine: no torch in the test extra, a ``mpizero`` command, CI as the README says."""
+
+import configparser
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mpirun import ROOT
+
+from mpizero.comm.launcher import mpiexec
+
+
+def extras() -> dict[str, list[str]]:
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    return {name: value.split() for name, value in config["options.extras_require"].items()}
+
+
+def resolved(extra: str) -> set[str]:
+    """The requirements ``pip install -e .[extra]`` asks for, following ``mpizero[...]`` to other extras."""
+    found = set()
+    for requirement in extras()[extra]:
+        if requirement.startswith("mpizero["):
+            for inner in requirement[len("mpizero[") : -1].split(","):
+                found |= resolved(inner)
+        else:
+            found.add(requirement)
+    return found
+
+
+def test_the_test_extra_brings_no_torch_but_the_docs_tools():
+    names = {r.split(">")[0].split("=")[0].split("[")[0] for r in resolved("test")}
+    assert "torch" not in names and {"mkdocs", "mkdocstrings", "pytest"} <= names, names
+
+
+def test_the_torch_tests_skip_and_say_why_without_torch():
+    hide_torch = "import sys; sys.modules['torch'] = None; import pytest; sys.exit(pytest.main(sys.argv[1:]))"
+    done = subprocess.run(
+        [sys.executable, "-c", hide_torch, "-q", "-rs", "-p", "no:cacheprovider", "tests/test_torch.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode in (0, 5), done.stdout + done.stderr  # 5: every test skipped, none collected
+    assert "SKIPPED" in done.stdout and "mpizero.torch needs torch" in done.stdout, done.stdout
+
+
+def test_ci_installs_cpu_torch_first_builds_the_docs_and_ends_with_the_readme_test_command():
+    lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    torch, install = lines.index('pip install "torch==2.13.0"'), lines.index('pip install -e ".[mpich,test]"')
+    assert torch < install < lines.index("mkdocs build --strict --quiet --site-dir .ci/site")
+    assert lines[-1] == "python -m pytest"
+
+
+def test_the_console_script_is_declared():
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    assert config["options.entry_points"]["console_scripts"].split() == ["mpizero", "=", "mpizero.cli.main:main"]
+
+
+def test_mpiexec_runs_the_mpizero_command():
+    script = shutil.which("mpizero", path=str(Path(sys.executable).parent))
+    if script is None:
+        pytest.skip("no mpizero script beside this Python: install the package (pip install -e .) to create it")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [mpiexec(), "-n", "2", script, "example"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "Results match: True" in done.stdout, done.stdout + done.stderr
