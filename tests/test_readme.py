@@ -11,6 +11,12 @@ def test_readme_shows_exactly_the_quickstart_script():
     assert len(block.splitlines()) <= 22
 
 
+@pytest.mark.parametrize(("kind", "name"), [("NumPy", "quickstart"), ("PyTorch", "torch-quickstart")])
+def test_readme_headings_count_the_example_lines(kind, name):
+    lines = len(named(name).splitlines())
+    assert f"## A {kind} model in {lines} lines\n" in (ROOT / "README.md").read_text()
+
+
 def test_readme_is_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
 
