@@ -2,14 +2,21 @@
 
 Run: python benchmarks/bench_peers.py --ranks 2   (needs torch: pip install -e ".[peers]")
 Model: ``--layers`` Linear(width, width) layers with ReLU between, MSE loss, Adam,
-global batch ``--batch``, fp32, one thread per rank. Every configuration runs in
-its own ``mpiexec -n RANKS`` job; the table gives the median step time after
-warm-up, its ratio to DDP, and the largest peak RSS of any rank.
+global batch ``--batch`` in ``--micro-batches`` backward passes per rank, fp32,
+one thread per rank. Every configuration runs in its own ``mpiexec -n RANKS``
+job; the table gives the median step time after warm-up, its ratio to DDP, the
+largest peak RSS of any rank, and the largest peak RSS above that rank's RSS
+once torch was imported and the model built (what the training state costs).
+
+Accumulation as each framework's users do it: DDP under ``no_sync()`` but for
+the last micro-batch; FSDP2 reduce-scatters every micro-batch (its default);
+``mpizero.torch`` streams the gradients through ``step(closure)``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -44,6 +51,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--micro-batches", type=int, default=8, help="backward passes per rank and step")
     parser.add_argument("--configs", nargs="+", default=CONFIGS, choices=CONFIGS)
     parser.add_argument("--chart", default=None, help="also draw step time and peak RSS per configuration (PNG)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -55,6 +63,23 @@ def local_batch(args, rank: int, size: int, step: int):
     per_rank = args.batch // size
     x = rng.standard_normal((per_rank, args.width)).astype(np.float32)
     return x, np.tanh(x[:, ::-1]).copy()
+
+
+def micro_batches(args, rank: int, size: int, step: int):
+    """This rank's batch of the step as ``--micro-batches`` torch (x, y) pairs."""
+    import torch
+
+    x, y = local_batch(args, rank, size, step)
+    return [
+        (torch.from_numpy(a), torch.from_numpy(b))
+        for a, b in zip(*(np.array_split(t, args.micro_batches) for t in (x, y)))
+    ]
+
+
+def current_rss() -> int:
+    """This process's resident set now, in KiB (``ru_maxrss``'s unit)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
 
 
 def timed_steps(args, comm_barrier, step_fn) -> list[float]:
@@ -112,7 +137,7 @@ def torch_mlp(args):
 
 
 def mpizero_torch_worker(args, config: str) -> dict:
-    """The torch model trained through ``mpizero.torch.shard`` (exact reduction), one backward per step."""
+    """The torch model trained through ``mpizero.torch.shard`` (exact reduction), gradients streamed."""
     import torch
     from mpi4py import MPI
 
@@ -122,19 +147,22 @@ def mpizero_torch_worker(args, config: str) -> dict:
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
     model = torch_mlp(args)
+    baseline = current_rss()
     zero = shard(model, Adam(lr=1e-4), stage=int(config.split("-")[1]), comm=comm)
 
     def step_fn(step: int) -> None:
-        x, y = (torch.from_numpy(a) for a in local_batch(args, comm.rank, comm.size, step))
-        zero.last_backward()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        zero.step()
+        def closure():
+            for x, y in micro_batches(args, comm.rank, comm.size, step):
+                torch.nn.functional.mse_loss(model(x), y).backward()
+
+        zero.step(closure)
 
     times = timed_steps(args, comm.Barrier, step_fn)
     slowest = np.empty(len(times))
     comm.Allreduce(np.array(times), slowest, op=MPI.MAX)
-    rss = comm.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, op=MPI.MAX)
-    return {"times": slowest.tolist(), "rss": rss}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss, above = (comm.allreduce(v, op=MPI.MAX) for v in (peak, peak - baseline))
+    return {"times": slowest.tolist(), "rss": rss, "above": above, "redone": zero.engine.redone_steps}
 
 
 def torch_worker(args, config: str) -> dict:
@@ -145,6 +173,7 @@ def torch_worker(args, config: str) -> dict:
     rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=size)
     model = torch_mlp(args)
+    baseline = current_rss()
     if config == "torch-ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     else:
@@ -157,18 +186,23 @@ def torch_worker(args, config: str) -> dict:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
 
     def step_fn(step: int) -> None:
-        x, y = (torch.from_numpy(a) for a in local_batch(args, rank, size, step))
         optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
+        pairs = micro_batches(args, rank, size, step)
+        for m, (x, y) in enumerate(pairs):
+            last = m == len(pairs) - 1
+            quiet = model.no_sync() if config == "torch-ddp" and not last else contextlib.nullcontext()
+            with quiet:
+                (torch.nn.functional.mse_loss(model(x), y) / len(pairs)).backward()
         optimizer.step()
 
     times = timed_steps(args, dist.barrier, step_fn)
     slowest = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss], dtype=torch.float64)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss = torch.tensor([peak, peak - baseline], dtype=torch.float64)
     dist.all_reduce(rss, op=dist.ReduceOp.MAX)
     dist.destroy_process_group()
-    return {"times": slowest.tolist(), "rss": float(rss[0])}
+    return {"times": slowest.tolist(), "rss": float(rss[0]), "above": float(rss[1])}
 
 
 def run_config(args, config: str) -> dict:
@@ -184,6 +218,8 @@ def run_config(args, config: str) -> dict:
         str(args.batch),
         "--steps",
         str(args.steps),
+        "--micro-batches",
+        str(args.micro_batches),
     ]
     env = {
         **os.environ,
@@ -216,14 +252,16 @@ def main() -> None:
     params = args.layers * (args.width * args.width + args.width)
     print(
         f"{args.layers}-layer {args.width}x{args.width} ReLU MLP ({params:,} parameters), Adam, global batch "
-        f"{args.batch}, fp32, {args.ranks} ranks, 1 thread per rank ({', '.join(sorted(blas))})"
+        f"{args.batch} in {args.micro_batches} micro-batches per rank (torch configurations), fp32, {args.ranks} "
+        f"ranks, 1 thread per rank ({', '.join(sorted(blas))})"
     )
-    print(f"{'configuration':<18} {'step ms':>9} {'x DDP':>7} {'peak RSS MiB':>13}")
+    print(f"{'configuration':<18} {'step ms':>9} {'x DDP':>7} {'peak RSS MiB':>13} {'above model MiB':>16}")
     ddp = np.median(rows["torch-ddp"]["times"][2:]) if "torch-ddp" in rows else None
     for config, row in rows.items():
         median = float(np.median(row["times"][2:]))
         ratio = f"{median / ddp:7.2f}" if ddp else f"{'-':>7}"
-        print(f"{config:<18} {median * 1e3:>9.1f} {ratio} {row['rss'] / 1024:>13.0f}")
+        above = f"{row['above'] / 1024:>16.0f}" if "above" in row else f"{'-':>16}"
+        print(f"{config:<18} {median * 1e3:>9.1f} {ratio} {row['rss'] / 1024:>13.0f} {above}")
     if args.chart:
         draw(rows, args, args.chart)
 

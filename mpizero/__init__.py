@@ -3,6 +3,7 @@
 from mpizero.core.config import ZeroConfig
 from mpizero.core.engine import ZeroEngine
 from mpizero.core.errors import ZeroError
+from mpizero.core.init import ShardedInit, philox_normal
 from mpizero.core.layout import FlatLayout, TensorSpec
 from mpizero.core.optim import SGD, Adam, AdamW
 from mpizero.core.partition import Partition, split_evenly
@@ -17,10 +18,12 @@ __all__ = [
     "FlatLayout",
     "Partition",
     "Reference",
+    "ShardedInit",
     "Sharding",
     "TensorSpec",
     "ZeroConfig",
     "ZeroEngine",
     "ZeroError",
+    "philox_normal",
     "split_evenly",
 ]

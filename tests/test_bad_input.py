@@ -7,6 +7,7 @@ directory, so ``{tmp}/missing/x`` is a file in a directory that does not exist.
 """
 
 import os
+import stat
 import subprocess
 import sys
 
@@ -74,6 +75,19 @@ CASES = [
     (1, "consolidate {tmp} {tmp}/missing/out.npz", "output {tmp}/missing/out.npz: directory"),
     (1, "consolidate", "required: checkpoint, output"),
     (1, "bogus", "invalid choice: 'bogus'"),
+    (1, "train --resume-override lr", "--resume-override needs --resume: there is no checkpoint to override"),
+    (1, "train --resume {tmp} --resume-override width", "--resume-override names ['width'], not settings"),
+    (1, "train --resume {tmp}/missing", "{tmp}/missing: no complete checkpoint found"),
+    (1, "train --save-params {tmp}/p --memory-json {tmp}/p", "--memory-json {tmp}/p are the same file"),
+    (1, "train --save-params {tmp}/a/../p --memory-json {tmp}/p", "are the same file"),
+    (1, "train --save-params /proc/p.npy", "--save-params /proc/p.npy is under /proc: not a place for output"),
+    (1, "train --memory-json /sys/m.json", "--memory-json /sys/m.json is under /sys"),
+    (1, "train --checkpoint-dir /proc/ck --checkpoint-every 1", "--checkpoint-dir /proc/ck is under /proc"),
+    (1, "train --width 1e5", "before the first step: rank 0: predicted memory"),
+    (1, "train --model transformer --block-size 100000", "--block-size 100000 is longer than the corpus allows"),
+    (1, "consolidate {tmp} /dev/null", "output /dev/null is under /dev: not a place for output"),
+    (1, "consolidate {tmp} {tmp}", "output {tmp} is a directory, not a file"),
+    (1, "plot partition -o /proc/p.png", "-o/--output /proc/p.png is under /proc"),
     (1, "", "required: command"),
     (2, "train --global-batch 0", "--global-batch: must be >= 1, got 0"),
     (2, "train --global-batch 1", "--global-batch 1 is smaller than the 2 ranks"),
@@ -86,6 +100,8 @@ CASES = [
     (2, "estimate --ranks 0 --params 1e9", "--ranks: must be >= 1, got 0"),
     (2, "plot partition -o {tmp}/missing/x.png", "-o/--output {tmp}/missing/x.png: directory"),
     (2, "consolidate {tmp} {tmp}/missing/out.npz", "output {tmp}/missing/out.npz: directory"),
+    (2, "train --resume-override lr", "--resume-override needs --resume"),
+    (2, "train --model transformer --block-size 100000", "--block-size 100000 is longer than the corpus allows"),
 ]
 
 
@@ -128,3 +144,64 @@ def test_every_flag_has_one_line_of_help():
         for action in parser._actions:
             if action.help != argparse.SUPPRESS:
                 assert action.help and "\n" not in action.help, (name, action.dest)
+
+
+def special_files(tmp_path):
+    """A FIFO, a character device (a copy of /dev/null's node, where we may make one) and a plain file."""
+    os.mkfifo(tmp_path / "fifo")
+    found = {"fifo": "a FIFO"}
+    try:
+        os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.stat("/dev/null").st_rdev)
+        found["null"] = "a character device"
+    except PermissionError:
+        pass  # not root: the FIFO stands for every file that is not a regular one
+    (tmp_path / "file").write_text("x")
+    return found
+
+
+def test_an_output_that_is_not_a_regular_file_is_refused_and_kept(tmp_path):
+    for name, kind in special_files(tmp_path).items():
+        target = tmp_path / name
+        for line in (
+            f"train --save-params {target}",
+            f"consolidate {tmp_path} {target}",
+            f"plot partition -o {target}.png",
+        ):
+            if line.startswith("plot"):
+                os.symlink(target, f"{target}.png")
+            done = run(1, line.split())
+            assert done.returncode == 2 and f"{target}" in done.stderr and f"is {kind}, not a file" in done.stderr, line
+            assert target.exists() and not target.is_file(), f"{line} replaced the {kind}"
+            if line.startswith("plot"):
+                os.unlink(f"{target}.png")
+    done = run(1, ["train", "--checkpoint-dir", str(tmp_path / "file" / "ck"), "--checkpoint-every", "1"])
+    assert done.returncode == 2 and "which is a file, not a directory" in done.stderr, done.stderr
+    done = run(1, ["train", "--checkpoint-dir", str(tmp_path / "file"), "--checkpoint-every", "1"])
+    assert done.returncode == 2 and f"--checkpoint-dir {tmp_path / 'file'} is a file, not a directory" in done.stderr
+
+
+ONE_RANK_SHORT_OF_MEMORY = """
+import sys
+from mpi4py import MPI
+from mpizero.cli import preflight
+from mpizero.cli.main import main
+
+if MPI.COMM_WORLD.Get_rank() == 1:  # this rank's host has almost no memory left
+    preflight.available_memory = lambda: 1 << 10
+sys.exit(main(["train", "--steps", "2"]))
+"""
+
+
+def test_a_problem_on_one_rank_ends_every_rank_with_exit_2(tmp_path):
+    script = tmp_path / "short.py"
+    script.write_text(ONE_RANK_SHORT_OF_MEMORY)
+    done = run_mpi(3, [str(script)], timeout=60)
+    errors = [text for text in done.stderr.splitlines() if text.strip()]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr
+    assert "before the first step: rank 1: predicted memory" in errors[0] and "1.0 KiB is available" in errors[0]
+    assert "step " not in done.stdout, done.stdout
+
+
+def test_estimate_answers_any_size_at_once():
+    done = run(1, ["estimate", "--model", "mlp", "--layers", "1e7", "--ranks", "4"])
+    assert done.returncode == 0 and "stage" in done.stdout, done.stderr

@@ -1,6 +1,8 @@
 """Sharded checkpoints: resume bit for bit, survive kill -9, reshard, consolidate, refuse bad ones."""
 
+import functools
 import hashlib
+import io
 import json
 import os
 import secrets
@@ -173,17 +175,15 @@ def test_reshard_up_from_two_ranks(tmp_path, straight):
     assert out.read_bytes() == straight
 
 
-def test_consolidate_writes_the_trained_parameters_by_name(tmp_path, saved):
+def test_consolidate_writes_the_trained_parameters_by_name(tmp_path, saved, straight):
     out = tmp_path / "full.npz"
-    params = tmp_path / "params.npy"
-    train(2, 2, 4, "--resume", saved / "ckpt-00000004", "--save-params", params)  # no more steps to take
     run_mpi_ok(1, ["-m", "mpizero", "consolidate", str(saved), str(out), "--optimizer"])
     with np.load(out, allow_pickle=False) as z:
         names = [n for n in z.files if "/" not in n]
         assert names == ["l0.w", "l0.b", "l1.w", "l1.b", "l2.w", "l2.b"]
         flat = np.concatenate([z[n].reshape(-1) for n in names])
         assert z["l0.w"].shape == (64, 48) and "l0.w/exp_avg_sq" in z.files
-    assert flat.tobytes() == np.load(params, allow_pickle=False).tobytes()
+    assert flat.tobytes() == np.load(io.BytesIO(straight), allow_pickle=False).tobytes()
 
 
 def copy_of(saved, tmp_path) -> Path:
@@ -426,7 +426,7 @@ def test_another_learning_rate_is_refused_unless_overridden(tmp_path, saved):
 
 def test_resume_refuses_different_data_settings(tmp_path, saved):
     path = copy_of(saved, tmp_path)
-    expected = "manifest.json: field training.data.global_batch: checkpoint 24, this run --global-batch 12"
+    expected = "manifest.json: field training.settings.global_batch: checkpoint 24, this run --global-batch 12"
     refused(tmp_path, path, resume_from(path, tmp_path, "--global-batch", 12), expected)  # the last flag wins
 
 
@@ -438,23 +438,236 @@ def test_keep_below_one_is_refused(tmp_path):
     assert not (tmp_path / "ckpt").exists()
 
 
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A 16 KiB tmpfs: a real full disk (ENOSPC) for a save of about 70 KiB."""
+def small_disk(tmp_path, kib: int):
+    """A tmpfs of ``kib`` KiB: a real full disk (ENOSPC); one save of this test's model is about 80 KiB."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(mount)], capture_output=True
+    ).returncode:
         pytest.skip("cannot mount a tmpfs here (needs root)")
+    return mount
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    mount = small_disk(tmp_path, 16)
     try:
         yield mount
     finally:
         subprocess.run(["umount", str(mount)], check=True)
 
 
-def test_a_full_disk_names_the_os_error_and_leaves_nothing(tiny_disk):
+@pytest.fixture
+def disk_for_one_save(tmp_path):
+    mount = small_disk(tmp_path, 144)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_too_little_free_space_is_refused_before_the_first_step(tiny_disk):
     done = train(2, 2, 2, "--checkpoint-dir", tiny_disk, "--checkpoint-every", 2, ok=False)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("mpizero: error:")]
+    assert len(errors) == 1 and "before the first step" in errors[0], done.stderr
+    assert f"not enough free space for --checkpoint-dir {tiny_disk}" in errors[0] and "step " not in done.stdout
+    assert os.listdir(tiny_disk) == []
+
+
+def test_a_full_disk_names_the_os_error_and_leaves_nothing(disk_for_one_save):
+    done = train(2, 2, 4, "--checkpoint-dir", disk_for_one_save, "--checkpoint-every", 2, ok=False)
     assert done.returncode == 2, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("mpizero: error:")]
     assert len(errors) == 1 and "checkpoint save" in errors[0], done.stderr
     assert "ENOSPC (No space left on device)" in errors[0] and ".npy" in errors[0], errors[0]
-    assert os.listdir(tiny_disk) == []  # the partial save was removed
+    assert os.listdir(disk_for_one_save) == ["ckpt-00000002"]  # the partial second save was removed
+
+
+# A run owns its checkpoint directory.
+
+
+def run_of(path: Path) -> str:
+    return json.loads((path / "manifest.json").read_text())["training"]["run"]
+
+
+@pytest.mark.parametrize("keep", [None, 1])
+def test_another_runs_directory_is_refused_naming_both_runs(tmp_path, saved, keep):
+    directory = tmp_path / "ckpt"
+    shutil.copytree(saved, directory)
+    extra = [] if keep is None else ["--keep", keep]
+    theirs = run_of(directory / "ckpt-00000004")
+    command = functools.partial(
+        train, 2, 2, 2, "--seed", 1, "--checkpoint-dir", directory, "--checkpoint-every", 1, *extra, ok=False
+    )
+    line = refused(tmp_path, directory, command, f"{directory} holds checkpoints of another run")
+    assert f"(run {theirs})" in line and "this run is " in line and theirs not in line.split("this run is ")[1]
+
+
+def test_a_resumed_run_keeps_its_identity_and_its_directory(tmp_path, saved, straight):
+    directory, out = tmp_path / "ckpt", tmp_path / "params.npy"
+    shutil.copytree(saved, directory)
+    shutil.rmtree(directory / "ckpt-00000004")
+    train(
+        2,
+        2,
+        4,
+        "--resume",
+        directory,
+        "--checkpoint-dir",
+        directory,
+        "--checkpoint-every",
+        1,
+        "--keep",
+        1,
+        "--save-params",
+        out,
+    )
+    assert out.read_bytes() == straight
+    assert os.listdir(directory) == ["ckpt-00000004"]
+    assert run_of(directory / "ckpt-00000004") == run_of(saved / "ckpt-00000002")
+
+
+def fake_checkpoint(directory: Path, name: str, step: int, run: str) -> Path:
+    """A directory holding just enough of a manifest for listing: its step and run."""
+    (directory / name).mkdir(parents=True)
+    (directory / name / "manifest.json").write_text(json.dumps({"training": {"step": step, "run": run}}))
+    return directory / name
+
+
+def test_rotation_deletes_only_the_runs_older_checkpoints_and_never_the_one_just_written(tmp_path):
+    ours, theirs = "a" * 16, "b" * 16
+    for step in (2, 4, 6):
+        fake_checkpoint(tmp_path, f"ckpt-{step:08d}", step, ours)
+    fake_checkpoint(tmp_path, "other", 1, theirs)
+    written = fake_checkpoint(tmp_path, "ckpt-00000003", 3, ours)  # resumed from 2: 4 and 6 are newer
+    (tmp_path / f"ckpt-00000003.partial-{ours}-0000").mkdir()
+    (tmp_path / f"ckpt-00000009.partial-{ours}-0000").mkdir()
+    (tmp_path / f"ckpt-00000001.partial-{theirs}-0000").mkdir()
+    store._rotate(str(tmp_path), 2, ours, str(written))
+    assert sorted(os.listdir(tmp_path)) == [
+        "ckpt-00000001.partial-" + theirs + "-0000",
+        "ckpt-00000003",
+        "ckpt-00000006",
+        "ckpt-00000009.partial-" + ours + "-0000",
+        "other",
+    ]
+    store._rotate(str(tmp_path), 1, ours, str(written))
+    assert "ckpt-00000003" in os.listdir(tmp_path) and "ckpt-00000006" not in os.listdir(tmp_path)
+
+
+def test_a_checkpoint_is_recognised_by_its_manifest_whatever_its_name(tmp_path, saved, straight):
+    copy, out = tmp_path / "my copy", tmp_path / "params.npy"
+    shutil.copytree(saved / "ckpt-00000002", copy)
+    assert store.resolve(str(copy)) == (str(copy), [])
+    train(2, 3, 4, "--resume", copy, "--save-params", out)
+    assert out.read_bytes() == straight
+    shutil.copytree(saved / "ckpt-00000004", tmp_path / "newest, renamed")
+    assert store.find_latest(str(tmp_path))[0] == str(tmp_path / "newest, renamed")
+
+
+# A resumed run is the same run.
+
+
+def test_a_changed_setting_is_refused_on_resume_unless_overridden(tmp_path, saved):
+    path = copy_of(saved, tmp_path)
+    expected = "field training.settings.clip_norm: checkpoint 1.0, this run --clip-norm 0.5"
+    line = refused(tmp_path, path, resume_from(path, tmp_path, "--clip-norm", 0.5), expected)
+    assert "--resume-override clip-norm" in line
+    expected = "field training.settings.precision: checkpoint 'fp32', this run --precision 'fp16'"
+    refused(tmp_path, path, resume_from(path, tmp_path, "--precision", "fp16"), expected)
+    log = train(2, 2, 5, "--resume", path, "--clip-norm", 0.5, "--resume-override", "clip-norm")
+    assert "after step 4" in log
+
+
+def test_every_setting_that_changes_the_numbers_is_compared():
+    from mpizero.checkpoint import compat
+    from mpizero.cli.train import FIXED_SETTINGS, RUN_SETTINGS
+
+    saved = {name: 1 for name in RUN_SETTINGS}
+    for name in RUN_SETTINGS:
+        with pytest.raises(manifest_format.CheckpointError, match=f"field training.settings.{name}: checkpoint 1"):
+            compat.check_settings(saved, {**saved, name: 2}, "m.json")
+        compat.check_settings(saved, {**saved, name: 2}, "m.json", overrides=[name])
+    assert {"clip_norm", "precision", "reduction", "global_batch", "micro_batches", "accumulate", "seed"} <= set(
+        RUN_SETTINGS
+    ) - set(FIXED_SETTINGS)
+
+
+def test_steps_at_or_below_the_checkpoints_step_are_refused(tmp_path, saved):
+    path = copy_of(saved, tmp_path)
+    command = functools.partial(train, 2, 2, 4, "--resume", path, "--save-params", tmp_path / "p.npy", ok=False)
+    refused(tmp_path, path, command, f"--steps 4 does not go past step 4, where {path} ended")
+
+
+# Outputs never clobber inputs.
+
+
+def test_consolidate_into_its_own_checkpoint_is_refused(tmp_path, saved):
+    path = copy_of(saved, tmp_path)
+    args = ["-m", "mpizero", "consolidate", str(path), str(path / "rank00000-master.npy")]
+    refused(tmp_path, path, lambda: run_mpi(2, args), f"lies inside the input checkpoint {path}")
+    args = ["-m", "mpizero", "consolidate", str(tmp_path), str(path / "manifest.json")]
+    refused(tmp_path, path, lambda: run_mpi(1, args), "lies inside the input checkpoint")
+
+
+def test_save_params_inside_the_resumed_checkpoint_is_refused(tmp_path, saved):
+    path = copy_of(saved, tmp_path)
+    command = functools.partial(
+        train, 1, 2, 6, "--resume", path, "--save-params", path / "rank00000-master.npy", ok=False
+    )
+    refused(tmp_path, path, command, "lies inside the input --resume")
+
+
+# Signed checkpoints, and manifests parsed with limits.
+
+KEY = manifest_format.KEY_VARIABLE
+
+
+@pytest.fixture(scope="module")
+def signed(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("signed") / "ckpt"
+    train(1, 1, 2, "--checkpoint-dir", directory, "--checkpoint-every", 2, env={KEY: "the key"})
+    return directory / "ckpt-00000002"
+
+
+def test_a_signed_checkpoint_loads_only_under_its_key(tmp_path, signed, saved, monkeypatch):
+    assert "signature" in json.loads((signed / "manifest.json").read_text())
+    manifest_format.read(str(signed))  # no key: the checksum is checked, the signature cannot be
+    monkeypatch.setenv(KEY, "the key")
+    manifest_format.read(str(signed))
+    with pytest.raises(manifest_format.CheckpointError, match="field signature: missing: the checkpoint is unsigned"):
+        manifest_format.read(str(saved / "ckpt-00000004"))
+    monkeypatch.setenv(KEY, "another key")
+    with pytest.raises(manifest_format.CheckpointError, match="field signature: does not match"):
+        manifest_format.read(str(signed))
+    key_file = tmp_path / "key"
+    key_file.write_bytes(b"the key")
+    monkeypatch.delenv(KEY)
+    monkeypatch.setenv(manifest_format.KEY_FILE_VARIABLE, str(key_file))
+    manifest_format.read(str(signed))
+
+
+def test_a_forged_manifest_with_a_recomputed_checksum_is_refused_under_the_key(tmp_path, signed):
+    path = tmp_path / "forged"
+    shutil.copytree(signed, path)
+    edit(path, lambda m: m["training"].update(step=1, optimizer_steps=1))  # checksum recomputed, as a forger would
+    command = functools.partial(train, 1, 1, 3, "--resume", path, ok=False, env={KEY: "the key"})
+    refused(tmp_path, path, command, "manifest.json: field signature: does not match")
+
+
+def test_a_deeply_nested_manifest_is_one_clear_error(tmp_path, saved):
+    path = copy_of(saved, tmp_path)
+    (path / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    expected = "manifest.json: nested 100000 levels deep, more than the 16 allowed"
+    line = refused(tmp_path, path, consolidate_from(path, tmp_path), expected)
+    assert "RecursionError" not in line
+
+
+def test_an_oversized_manifest_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    (tmp_path / "manifest.json").write_text('{"a": "' + "x" * 100 + '"}')
+    monkeypatch.setattr(manifest_format, "MAX_BYTES", 64)
+    with pytest.raises(manifest_format.CheckpointError, match="larger than 64 bytes"):
+        manifest_format.read(str(tmp_path))
+    assert manifest_format.nesting_depth(b'{"a": ["[[[", {"b": "]}"}]}') == 3

@@ -50,14 +50,20 @@ MUTATIONS = {
         3,
         ["--stage", "3"],
     ),
+    "fp16 gradients never unscaled": (
+        "training/trainer.py",
+        "inverse = np.float32(1.0 / loss_scale)",
+        "inverse = np.float32(1.0)",
+        2,
+        ["--stage", "2", "--precision", "fp16"],
+    ),
 }
 
 
-def verify_copy(tmp_path, n: int, args: list[str], mutation=None):
-    """Copy the package into ``tmp_path``, apply ``(file, old, new)``, and run ``verify`` on the copy."""
+def verify_copy(tmp_path, n: int, args: list[str], *mutations):
+    """Copy the package into ``tmp_path``, apply each ``(file, old, new)``, and run ``verify`` on the copy."""
     shutil.copytree(ROOT / "mpizero", tmp_path / "mpizero", ignore=shutil.ignore_patterns("__pycache__"))
-    if mutation is not None:
-        file, old, new = mutation
+    for file, old, new in mutations:
         path = tmp_path / "mpizero" / file
         source = path.read_text()
         assert source.count(old) == 1, f"{file}: the text to mutate is gone: {old!r}"
@@ -121,3 +127,12 @@ def test_fp16_skipped_steps_are_skipped_by_the_documented_optimizer_too(tmp_path
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SKIPPED" in done.stdout and "TAKEN" in done.stdout, done.stdout
     assert ": bitwise; optimizer semantics within" in done.stdout
+
+
+def test_a_precision_bug_shared_with_the_reference_is_caught_by_the_fp32_gradient_check(tmp_path):
+    """The same "never unscaled" bug in the trainer and in the reference: bitwise agrees, the fp32 comparison not."""
+    engine = MUTATIONS["fp16 gradients never unscaled"][:3]
+    reference = ("core/reference.py", "/ np.float32(loss_scale)", "/ np.float32(1.0)")
+    done = verify_copy(tmp_path, 1, ["--stage", "1", "--precision", "fp16"], engine, reference)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert ": bitwise;" in done.stdout and "fp16 gradients OUTSIDE 2e-03 of fp32" in done.stdout, done.stdout

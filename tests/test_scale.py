@@ -11,7 +11,8 @@ import pytest
 from mpirun import ROOT, run_mpi_ok
 
 from mpizero.core import formulas
-from mpizero.training.registry import Size, entry, param_shapes
+from mpizero.training.model import param_shapes
+from mpizero.training.registry import Size, entry
 from mpizero.training.trainer import DEFAULT_BUCKET_ELEMS, make_groups
 
 TRAIN = ["-m", "mpizero", "train", "--model", "transformer", "--stage", "3", "--steps", "2"]

@@ -1,15 +1,21 @@
-"""Whether a checkpoint means the same run: same model, same optimizer and hyper-parameters.
+"""Whether a checkpoint means the same run: same model, same optimizer and hyper-parameters, same settings.
 
 The optimizer is recorded as its type name and its dataclass fields
-(``{"type": "AdamW", "hyper": {"lr": 0.003, ...}}``). On resume any difference
-is refused, naming the field and both values; a hyper-parameter the caller
-names in ``overrides`` (``train --resume-override lr``) may differ, and the
-run's value is used. The type is never overridden: another optimizer is refused.
+(``{"type": "AdamW", "hyper": {"lr": 0.003, ...}}``); a run's other settings
+that change its numbers (``train``: precision, clip norm, batch, seed, ...) as
+``training.settings``. On resume any difference is refused, naming the field
+and both values; a name the caller lists in ``overrides``
+(``train --resume-override lr``) may differ, and the run's value is used. The
+type is never overridden: another optimizer is refused.
+
+A run's identity (``run_identity``) is a digest of those settings, taken when
+the run starts and kept by every resumed continuation of it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Collection
 
@@ -43,13 +49,33 @@ def check(engine, manifest: dict, where: str, overrides: Collection[str] = ()) -
         )
 
 
+def run_identity(settings: dict) -> str:
+    """The identity of a run with these settings: 16 hex digits of the sha256 of their canonical JSON."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def engine_settings(engine, training_state: dict) -> dict:
+    """The settings a run's numbers depend on, as far as the engine and the caller's training state tell."""
+    return {
+        "optimizer": optimizer_record(engine.optimizer),
+        "tensors": tensor_list(engine),
+        "data": training_state.get("data"),
+    }
+
+
+def check_settings(saved: dict, mine: dict, where: str, overrides: Collection[str] = ()) -> None:
+    """Refuse any setting in ``mine`` that differs from the checkpoint's ``saved`` unless ``overrides`` names it."""
+    for name in sorted(mine):
+        if saved.get(name) != mine[name] and name not in overrides:
+            flag = name.replace("_", "-")
+            raise CheckpointError(
+                f"{where}: field training.settings.{name}: checkpoint {saved.get(name)!r}, this run --{flag} "
+                f"{mine[name]!r} (a resumed run must be the same run; to change it, pass --resume-override {flag})"
+            )
+
+
 def check_optimizer(saved: dict, mine: dict, where: str, overrides: Collection[str] = ()) -> None:
     """Refuse another optimizer type, and any hyper-parameter that differs unless ``overrides`` names it."""
-    unknown = sorted(set(overrides) - set(mine["hyper"]))
-    if unknown:
-        raise CheckpointError(
-            f"--resume-override names {unknown}, not hyper-parameters of {mine['type']} ({sorted(mine['hyper'])})"
-        )
     if saved["type"] != mine["type"]:
         raise CheckpointError(
             f"{where}: field optimizer.type: checkpoint {saved['type']}, this run {mine['type']} "

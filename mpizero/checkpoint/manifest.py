@@ -1,67 +1,130 @@
-"""The checkpoint manifest: its format, its checksum, and reading it back only once it is trustworthy.
+"""The checkpoint manifest: its format, its checksum and signature, and reading it back only once it is trustworthy.
 
 A manifest is sealed with ``checksum``, the sha256 of its canonical JSON (keys
-sorted, no spaces) without the ``checksum`` field. ``read`` trusts a manifest in
-this order: its checksum, then its structure (``structure.check``: field types,
-and pieces that tile every tensor and every rank file exactly). Its meaning
-(same model, same optimizer, same data settings) is the loader's to check.
-Every refusal is a ``CheckpointError`` naming the file and the field.
+sorted, no spaces) without the ``checksum`` and ``signature`` fields. The
+checksum catches accidents (a torn write, a flipped bit, a hand edit that did
+not recompute it); anyone can recompute it, so it cannot catch a forgery. With
+a key (``MPIZERO_CHECKPOINT_KEY``, or the file ``MPIZERO_CHECKPOINT_KEY_FILE``
+names), the manifest also carries ``signature``, an HMAC-SHA256 of the same
+canonical JSON under that key; loading with a key refuses a manifest that is
+unsigned or signed under another key. The manifest lists every rank file's
+sha256, so the signature covers the shards too.
+
+``read`` trusts a manifest in this order: its size and nesting depth (bounded
+before the JSON is parsed), its checksum, its signature when there is a key,
+then its structure (``structure.check``: field types, and pieces that tile
+every tensor and every rank file exactly). Its meaning (same model, same
+optimizer, same data settings) is the loader's to check. Every refusal is a
+``CheckpointError`` naming the file and the field.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
+import re
+
+import numpy as np
 
 from mpizero.checkpoint import structure
 from mpizero.comm.agree import ZeroError
+from mpizero.core import files
 
-FORMAT = "mpizero-checkpoint-3"
+FORMAT = "mpizero-checkpoint-4"
 MANIFEST = "manifest.json"
+KEY_VARIABLE, KEY_FILE_VARIABLE = "MPIZERO_CHECKPOINT_KEY", "MPIZERO_CHECKPOINT_KEY_FILE"
+MAX_BYTES = 1 << 28  # 256 MiB: a manifest lists about one piece per rank and group (``estimate --scale``)
+MAX_DEPTH = 16  # ``save`` writes 5 levels; json's parser recurses once per level
+SEALS = ("checksum", "signature")
+STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
 
 class CheckpointError(ZeroError):
     """A checkpoint that cannot be used, named with its file and the problem."""
 
 
+def _canonical(manifest: dict) -> bytes:
+    body = {key: value for key, value in manifest.items() if key not in SEALS}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
 def checksum(manifest: dict) -> str:
-    """Return the sha256 of ``manifest``'s canonical JSON, its ``checksum`` field left out."""
-    body = {key: value for key, value in manifest.items() if key != "checksum"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    """Return the sha256 of ``manifest``'s canonical JSON, its ``checksum`` and ``signature`` fields left out."""
+    return hashlib.sha256(_canonical(manifest)).hexdigest()
+
+
+def signature(manifest: dict, key: bytes) -> str:
+    """Return the HMAC-SHA256 under ``key`` of ``manifest``'s canonical JSON (the seals left out)."""
+    return hmac.new(key, _canonical(manifest), hashlib.sha256).hexdigest()
+
+
+def signing_key() -> bytes | None:
+    """The checkpoint key: ``MPIZERO_CHECKPOINT_KEY``'s text, or the bytes of the file ``..._KEY_FILE`` names."""
+    if os.environ.get(KEY_VARIABLE):
+        return os.environ[KEY_VARIABLE].encode()
+    path = os.environ.get(KEY_FILE_VARIABLE)
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            key = f.read(1 << 16)
+    except OSError as error:
+        raise CheckpointError(f"{KEY_FILE_VARIABLE}={path}: cannot read the key ({error.strerror})") from None
+    if not key:
+        raise CheckpointError(f"{KEY_FILE_VARIABLE}={path}: the key file is empty")
+    return key
 
 
 def write(directory: str, manifest: dict) -> None:
-    """Seal ``manifest`` with its checksum and write it atomically (temporary file, fsync, rename)."""
+    """Seal ``manifest`` with its checksum (and signature, with a key) and write it atomically."""
     body = {"format": FORMAT, **manifest}
-    sealed = {**body, "checksum": checksum(body)}
-    tmp = os.path.join(directory, MANIFEST + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(json.dumps(sealed, indent=1).encode())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(directory, MANIFEST))
+    key = signing_key()
+    sealed = {**body, "checksum": checksum(body), **({"signature": signature(body, key)} if key else {})}
+    files.write(os.path.join(directory, MANIFEST), lambda f: f.write(json.dumps(sealed, indent=1).encode()))
+
+
+def load_json(manifest_path: str):
+    """Parse an untrusted manifest file with limits on its size and nesting depth; raise CheckpointError."""
+    try:
+        with open(manifest_path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise CheckpointError(f"{manifest_path}: missing (not a checkpoint, or a torn save)") from None
+    except OSError as error:
+        raise CheckpointError(f"{manifest_path}: unreadable ({error})") from None
+    if len(data) > MAX_BYTES:
+        raise CheckpointError(f"{manifest_path}: larger than {MAX_BYTES:,} bytes, the most a manifest may be")
+    depth = nesting_depth(data)
+    if depth > MAX_DEPTH:
+        raise CheckpointError(f"{manifest_path}: nested {depth} levels deep, more than the {MAX_DEPTH} allowed")
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as error:
+        raise CheckpointError(f"{manifest_path}: unreadable ({error})") from None
+
+
+def nesting_depth(data: bytes) -> int:
+    """The deepest nesting of JSON arrays and objects in ``data``, brackets inside strings left out."""
+    code = np.frombuffer(STRING.sub(b'""', data), dtype=np.uint8)
+    step = np.isin(code, (ord("["), ord("{"))).astype(np.int64) - np.isin(code, (ord("]"), ord("}")))
+    return int(np.cumsum(step).max(initial=0))
 
 
 def read(path: str) -> dict:
-    """Load checkpoint ``path``'s manifest; verify its checksum, then its structure, before returning it."""
+    """Load checkpoint ``path``'s manifest; verify its limits, checksum, signature and structure before returning."""
     manifest_path = os.path.join(path, MANIFEST)
+    manifest = load_json(manifest_path)
     try:
-        with open(manifest_path) as f:
-            manifest = json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(f"{manifest_path}: missing (not a checkpoint, or a torn save)") from None
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"{manifest_path}: unreadable ({error})") from None
-    try:
-        _check_seal(manifest)
-        structure.check(manifest)
+        _check_seal(manifest, signing_key())
+        structure.check({k: v for k, v in manifest.items() if k != "signature"})
     except structure.Invalid as error:
         raise CheckpointError(f"{manifest_path}: field {error.field}: {error.problem}") from None
     return manifest
 
 
-def _check_seal(manifest) -> None:
+def _check_seal(manifest, key: bytes | None) -> None:
     if not isinstance(manifest, dict):
         raise structure.Invalid("(top level)", f"must be a JSON object, got {type(manifest).__name__}")
     if manifest.get("format") != FORMAT:
@@ -72,3 +135,10 @@ def _check_seal(manifest) -> None:
             "checksum",
             f"{saved!r} does not match the content's sha256 {computed} (the manifest changed after the save)",
         )
+    if key is None:
+        return
+    signed = manifest.get("signature")
+    if signed is None:
+        raise structure.Invalid("signature", f"missing: the checkpoint is unsigned, and {KEY_VARIABLE} is set")
+    if not isinstance(signed, str) or not hmac.compare_digest(signed, signature(manifest, key)):
+        raise structure.Invalid("signature", "does not match: signed under another key, or changed after the save")

@@ -8,14 +8,21 @@ Layout of one checkpoint, ``DIR/ckpt-00000012/``:
 - ``manifest.json`` (``manifest``): world size, stage, the optimizer's type
   and hyper-parameters, every tensor's name and shape, which piece of which
   tensor each rank wrote, each file's size, dtype, shape and sha256, the
-  training state, and the manifest's own checksum.
+  training state with the run's identity, and the manifest's own checksum.
 
-Files are written into ``ckpt-00000012.partial-<nonce>/``; the manifest is
-written last (temporary file, fsync, rename), then the directory is renamed
-into place. A directory without a manifest is a torn save: ``find_latest``
-skips it with a message. Loading trusts the manifest's checksum, then its
-structure, then its meaning (``compat``), before any value is read. Pieces are
-per tensor, so a checkpoint loads at any world size and stage (resharding).
+A checkpoint is a directory holding a manifest, whatever it is called. A run
+owns its checkpoint directory: every manifest records the run's identity
+(``training.run``, a digest of the settings that define its numbers, kept by a
+resumed run), and ``save`` refuses a directory holding checkpoints of another
+run (``owner_problem``), so rotation can only ever delete the run's own older
+checkpoints, and never the one just written.
+
+Files are written into ``ckpt-00000012.partial-<run>-<nonce>/``; the manifest is
+written last (``files.write``), then the directory is renamed into place. A
+directory without a manifest is a torn save: ``find_latest`` skips it with a
+message. Loading trusts the manifest's checksum, then its structure, then its
+meaning (``compat``), before any value is read. Pieces are per tensor, so a
+checkpoint loads at any world size and stage (resharding).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import re
 import secrets
 import shutil
 from collections.abc import Collection
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,10 +42,11 @@ from mpizero.checkpoint.manifest import MANIFEST, CheckpointError
 from mpizero.checkpoint.shards import PieceReader, rank_pieces, sha256
 from mpizero.checkpoint.structure import file_name
 from mpizero.comm import agree
-from mpizero.core import faults
+from mpizero.core import faults, files
 from mpizero.core.arrays import to_host
 
-NAME = re.compile(r"^ckpt-(\d{8})$")
+NAME = re.compile(r"^ckpt-(\d{8})")
+PARTIAL = ".partial-"
 
 
 def _write_synced(path: str, write) -> None:
@@ -57,14 +66,6 @@ def _write_npy(f, flat: np.ndarray) -> None:
     f.write(memoryview(flat))
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save(engine, directory: str, training_state: dict, keep: int | None = None) -> str:
     """Write a checkpoint of ``engine`` into ``directory`` (collective); return its path.
 
@@ -74,12 +75,15 @@ def save(engine, directory: str, training_state: dict, keep: int | None = None) 
     if keep is not None and keep < 1:
         raise ValueError(f"keep must be >= 1 (or None to keep every checkpoint), got {keep}")
     rank, collectives = engine.comm.Get_rank(), engine.collectives
+    run = training_state.get("run") or compat.run_identity(compat.engine_settings(engine, training_state))
+    training_state = {**training_state, "run": run}
     step = int(training_state["step"])
     final = os.path.join(directory, f"ckpt-{step:08d}")
     partial = collectives.bcast_object(
-        f"{final}.partial-{secrets.token_hex(4)}" if rank == 0 else None, "the save directory"
+        f"{final}{PARTIAL}{run}-{secrets.token_hex(4)}" if rank == 0 else None, "the save directory"
     )
-    _agree(collectives, _attempt(lambda: os.makedirs(partial)) if rank == 0 else None, partial)
+    problem = (owner_problem(directory, run) or _attempt(lambda: os.makedirs(partial))) if rank == 0 else None
+    _agree(collectives, problem, partial)
     pieces = rank_pieces(engine)
     files: dict = {}
     problem = _attempt(lambda: files.update(_write_shards(engine, partial, pieces, rank)))
@@ -98,7 +102,7 @@ def save(engine, directory: str, training_state: dict, keep: int | None = None) 
             "training": training_state,
             "scales": engine.scale_state(),
         }
-        problem = _attempt(lambda: _publish(record, partial, final, directory, keep))
+        problem = _attempt(lambda: _publish(record, partial, final, keep))
     _agree(collectives, problem, partial)
     return final
 
@@ -124,16 +128,23 @@ def _write_shards(engine, partial: str, pieces: list, rank: int) -> dict:
     return files
 
 
-def _publish(record: dict, partial: str, final: str, directory: str, keep: int | None) -> None:
-    """Seal and write the manifest last, then move the checkpoint into place and rotate old ones."""
+def _publish(record: dict, partial: str, final: str, keep: int | None) -> None:
+    """Seal and write the manifest last, then move the checkpoint into place and rotate the run's old ones.
+
+    A checkpoint of the same run and step already there is moved aside first, so a crash leaves one of them whole.
+    """
+    directory = os.path.dirname(final)
     manifest.write(partial, record)
-    _fsync_dir(partial)
-    if os.path.exists(final):
-        shutil.rmtree(final)
+    files.fsync_directory(partial)
+    aside = f"{final}.replaced-{secrets.token_hex(4)}" if os.path.exists(final) else None
+    if aside:
+        os.replace(final, aside)
     os.replace(partial, final)
-    _fsync_dir(directory)
+    files.fsync_directory(directory)
+    if aside:
+        shutil.rmtree(aside)
     if keep is not None:
-        _rotate(directory, keep)
+        _rotate(directory, keep, record["training"]["run"], final)
 
 
 def _attempt(action) -> str | None:
@@ -162,41 +173,93 @@ def _agree(collectives, problem: str | None, partial: str) -> None:
         raise CheckpointError(str(error)) from None
 
 
-def _rotate(directory: str, keep: int) -> None:
-    """Delete the oldest complete checkpoints beyond ``keep``, and torn saves older than the newest."""
-    names = os.listdir(directory)
-    complete = sorted(n for n in names if NAME.match(n))
-    stale = [n for n in names if ".partial-" in n and complete and n.split(".partial-")[0] <= complete[-1]]
-    for name in complete[: max(len(complete) - keep, 0)] + stale:
-        shutil.rmtree(os.path.join(directory, name))
+@dataclass(frozen=True)
+class Found:
+    """A checkpoint in a directory: complete (it holds a manifest) or torn; its step and run, where known."""
+
+    path: str
+    complete: bool
+    step: int | None
+    run: str | None
+
+
+def catalog(directory: str) -> list[Found]:
+    """Every checkpoint in ``directory``: each sub-directory holding a manifest, and each torn save."""
+    found = []
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        path = os.path.join(directory, name)
+        numbered = NAME.match(name)
+        if PARTIAL in name:
+            found.append(Found(path, False, numbered and int(numbered[1]), name.split(PARTIAL)[1].split("-")[0]))
+        elif os.path.isfile(os.path.join(path, MANIFEST)):
+            found.append(Found(path, True, *_step_and_run(path)))
+        elif numbered and os.path.isdir(path):
+            found.append(Found(path, False, int(numbered[1]), None))
+    return found
+
+
+def _step_and_run(path: str) -> tuple[int | None, str | None]:
+    """A manifest's step and run identity, read with the parser's limits but not yet verified (for listing only)."""
+    try:
+        training = manifest.load_json(os.path.join(path, MANIFEST)).get("training")
+        step, run = training.get("step"), training.get("run")
+    except (CheckpointError, AttributeError):
+        return None, None
+    return (step if type(step) is int else None), (run if isinstance(run, str) else None)
+
+
+def owner_problem(directory: str, run: str) -> str | None:
+    """Why run ``run`` may not save into ``directory``: it holds another run's checkpoints (or None)."""
+    others = [found for found in catalog(directory) if found.run != run]
+    if not others:
+        return None
+    shown = ", ".join(f"{os.path.basename(f.path)} (run {f.run or 'unknown'})" for f in others[:3])
+    return (
+        f"{directory} holds checkpoints of another run: {shown}; this run is {run}. "
+        "Save into another directory, or continue that run with --resume"
+    )
+
+
+def claim(collectives, directory: str, run: str) -> None:
+    """Raise the same CheckpointError on every rank unless run ``run`` may save into ``directory`` (collective)."""
+    problem = owner_problem(directory, run) if collectives.comm.Get_rank() == 0 else None
+    try:
+        agree.raise_if_any(collectives, problem, "--checkpoint-dir")
+    except agree.ZeroError as error:
+        raise CheckpointError(str(error)) from None
+
+
+def _rotate(directory: str, keep: int, run: str, written: str) -> None:
+    """Delete run ``run``'s complete checkpoints beyond the ``keep`` newest (``written`` always kept), and its
+    torn saves up to ``written``'s step."""
+    found = catalog(directory)
+    step = next(f.step for f in found if f.path == written)
+    older = sorted((f for f in found if f.complete and f.run == run and f.path != written), key=lambda f: f.step)
+    stale = [f for f in found if not f.complete and f.run == run and f.step is not None and f.step <= step]
+    for f in older[: max(len(older) - (keep - 1), 0)] + stale:
+        shutil.rmtree(f.path)
 
 
 def find_latest(directory: str) -> tuple[str | None, list[str]]:
-    """Return the newest complete checkpoint under ``directory`` (or None) and a message per torn one."""
-    if not os.path.isdir(directory):
-        return None, []
-    names = sorted(os.listdir(directory), reverse=True)
-    torn = [
-        f"skipping torn checkpoint {os.path.join(directory, n)} (no manifest: the save did not finish)"
-        for n in names
-        if ".partial-" in n or (NAME.match(n) and not _has_manifest(directory, n))
+    """Return the newest complete checkpoint under ``directory`` (or None) and a message per one skipped."""
+    found = catalog(directory)
+    skipped = [
+        f"skipping torn checkpoint {f.path} (no manifest: the save did not finish)" for f in found if not f.complete
     ]
-    complete = [n for n in names if NAME.match(n) and _has_manifest(directory, n)]
-    return (os.path.join(directory, complete[0]) if complete else None), torn
+    skipped += [f"skipping {f.path} (its manifest is unreadable)" for f in found if f.complete and f.step is None]
+    complete = [f for f in found if f.complete and f.step is not None]
+    newest = max(complete, key=lambda f: (f.step, f.path), default=None)
+    return (newest.path if newest else None), skipped
 
 
 def resolve(path: str) -> tuple[str, list[str]]:
-    """A checkpoint itself, or the newest complete one under a directory; plus a message per torn one."""
-    if NAME.match(os.path.basename(os.path.normpath(path))):
+    """A checkpoint itself (a directory holding a manifest), or the newest under a directory; plus skip messages."""
+    if os.path.isfile(os.path.join(path, MANIFEST)):
         return path, []
-    latest, torn = find_latest(path)
+    latest, skipped = find_latest(path)
     if latest is None:
         raise CheckpointError(f"{path}: no complete checkpoint found")
-    return latest, torn
-
-
-def _has_manifest(directory: str, name: str) -> bool:
-    return os.path.isfile(os.path.join(directory, name, MANIFEST))
+    return latest, skipped
 
 
 def load(engine, path: str, overrides: Collection[str] = ()) -> dict:
@@ -256,12 +319,5 @@ def consolidate(path: str, output: str, include_optimizer: bool = False) -> list
             reader.read(state, tensor["name"], 0, numel, flat)
             key = tensor["name"] if state == "master" else f"{tensor['name']}/{state}"
             arrays[key] = flat.reshape(tensor["shape"])
-    tmp = f"{output}.tmp-{os.getpid()}.npz"
-    try:
-        np.savez(tmp, **arrays)
-        os.replace(tmp, output)
-    except OSError:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    files.write(output, lambda f: np.savez(f, **arrays))
     return list(arrays)

@@ -26,6 +26,7 @@ TOP_LEVEL = (
     "scales",
 )
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
+RUN = re.compile(r"^[0-9a-f]{16}$")
 
 
 class Invalid(Exception):
@@ -173,6 +174,9 @@ def _training(training) -> None:
             raise Invalid("training.loss_scale[0]", f"must be a finite number > 0, got {value!r}")
         _int(scale[1], "training.loss_scale[1]")
     _dict(training.get("data"), "training.data")
+    run = training.get("run")
+    if not isinstance(run, str) or not RUN.match(run):
+        raise Invalid("training.run", f"must be 16 lowercase hex digits (the run's identity), got {run!r}")
 
 
 def _int(value, field: str, low: int = 0, high: float = math.inf) -> int:

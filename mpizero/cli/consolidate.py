@@ -29,6 +29,8 @@ def check(args, world_size: int) -> None:
 
 
 OUTPUTS = {"output": "output"}
+INPUTS = {"checkpoint": "checkpoint"}
+OUTPUT_DIRS: dict[str, str] = {}
 
 
 def run(args, comm) -> int:

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 from mpizero.cli import options
 from mpizero.core import formulas
 from mpizero.core.errors import ZeroError
 from mpizero.core.exact import FLOAT32_BITS, SUM_BITS
 from mpizero.core.memory import format_bytes
-from mpizero.training.registry import Size, entry, formula_setups, param_shapes
-from mpizero.training.trainer import make_groups
+from mpizero.training.registry import Size, entry, formula_setups
+from mpizero.training.runs import group_runs
 
 OUTPUTS: dict[str, str] = {}
+INPUTS: dict[str, str] = {}
+OUTPUT_DIRS: dict[str, str] = {}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,13 +89,13 @@ def print_scale_table(args) -> None:
 
     Stages 1-3 reduce gradients by reduce-scatter only, so no all-reduce column is shown.
     """
-    model = entry(args.model, Size.of(args)).build(entry(args.model, Size.of(args)).load())
-    shapes = param_shapes(model)
+    task = entry(args.model, Size.of(args))
+    units = task.unit_runs(task.load())
     n, rounds = args.ranks, -(-args.micro_batches // args.ranks)
-    setups = formula_setups(model, n, args.precision, args.reduction, args.optimizer, args.bucket_elems)
+    setups = formula_setups(units, n, args.precision, args.reduction, args.optimizer, args.bucket_elems)
     headroom = (args.micro_batches - 1).bit_length()
     print(
-        f"at scale: {sum(map(math.prod, shapes.values())):,} parameters, {n} ranks, {args.micro_batches} "
+        f"at scale: {sum(sum(u.tensors) * u.count for u in units):,} parameters, {n} ranks, {args.micro_batches} "
         f"micro-batches per step ({rounds} per rank), clip on"
     )
     print("per rank and step (sent = received): rs/ag/agr = reduce-scatter/all-gather/agreement")
@@ -105,7 +106,7 @@ def print_scale_table(args) -> None:
     for stage, setup in setups:
         if stage == 0:
             continue
-        numels = [tuple(math.prod(shapes[name]) for name in g) for g in make_groups(model, stage, args.bucket_elems)]
+        numels = [g.tensors for g in group_runs(units, stage, args.bucket_elems)]  # as ``setup`` lists its groups
         held = sum(formulas.engine_bytes(setup).values())
         sent = formulas.traffic_per_step(setup, rounds)
         calls = formulas.calls_per_step(setup, rounds, True, args.reduction)
@@ -115,7 +116,7 @@ def print_scale_table(args) -> None:
         cells = "".join(f"{format_bytes(b):>11}" for b in (held, sent["reduce_scatter"], sent["allgather"], agreed))
         counts = "/".join(str(calls[op]) for op in ("reduce_scatter", "allgather", "agreement"))
         print(
-            f"{stage:<6}{len(numels):>7}{cells}{counts:>16}{save['files']:>11,}"
+            f"{stage:<6}{sum(setup.counts()):>7}{cells}{counts:>16}{save['files']:>11,}"
             f"{format_bytes(save['bytes per rank']):>11}{save['pieces']:>10,}{format_bytes(manifest):>11}"
         )
     print(

@@ -21,12 +21,14 @@ from threadpoolctl import threadpool_limits
 from mpizero.cli import consolidate, estimate, example, options, plot, train, verify
 from mpizero.comm import launch
 from mpizero.comm.collectives import Collectives
+from mpizero.core import files
 from mpizero.core.errors import ZeroError
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 # Each command module has: add_arguments(parser), check(args, world_size) (raises ZeroError and fills in
-# defaults that depend on the world size), OUTPUTS ({dest: flag} of files rank 0 writes) and run(args, comm).
+# defaults that depend on the world size), OUTPUTS ({dest: flag} of files rank 0 writes), OUTPUT_DIRS (directories
+# it writes into), INPUTS (files or checkpoints it reads, which no output may overwrite) and run(args, comm).
 COMMANDS = {
     "example": example,
     "verify": verify,
@@ -73,14 +75,18 @@ def make_parser() -> Parser:
     return parser
 
 
-def check_outputs(args, outputs: dict[str, str], comm) -> None:
-    """Raise on every rank unless rank 0 can write every output file the flags name."""
-    paths = {flag: getattr(args, dest) for dest, flag in outputs.items() if getattr(args, dest)}
-    if not paths:
+def check_paths(args, module, comm) -> None:
+    """Raise on every rank unless rank 0 can write every output the flags name without clobbering an input."""
+    tables = {"outputs": module.OUTPUTS, "inputs": module.INPUTS, "directories": module.OUTPUT_DIRS}
+    named = {
+        key: {flag: getattr(args, d) for d, flag in table.items() if getattr(args, d)} for key, table in tables.items()
+    }
+    if not named["outputs"] and not named["directories"]:
         return
     problems = None
     if comm.Get_rank() == 0:
-        problems = [p for flag, path in paths.items() if (p := options.output_problem(flag, path))]
+        problems = files.output_problems(named["outputs"], named["inputs"])
+        problems += [p for flag, path in named["directories"].items() for p in files.directory_problems(flag, path)]
     if comm.Get_size() > 1:
         problems = Collectives(comm).bcast_object(problems, "the output-file check")
     options.raise_problems(problems)
@@ -93,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         args = make_parser().parse_args(argv)
         module = COMMANDS[args.command]
         module.check(args, comm.Get_size())
-        check_outputs(args, module.OUTPUTS, comm)
+        check_paths(args, module, comm)
         if not any(v in os.environ for v in THREAD_VARIABLES):
             threadpool_limits(limits=1)  # one BLAS thread per rank: reproducible, and cores not oversubscribed
         return module.run(args, comm)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 
 from mpizero.core.arrays import DEVICES
 from mpizero.core.config import MAX_HEADROOM
@@ -130,8 +129,9 @@ MODEL_SETTINGS = ("model", *SIZES, "precision", "reduction", "optimizer", "bucke
 def model_setups(args):
     """Yield ``(stage, formulas.Setup)`` for the model and settings that ``MODEL_SETTINGS`` name, at every stage."""
     task = entry(args.model, Size.of(args))
-    model = task.build(task.load())
-    return formula_setups(model, args.ranks, args.precision, args.reduction, args.optimizer, args.bucket_elems)
+    return formula_setups(
+        task.unit_runs(task.load()), args.ranks, args.precision, args.reduction, args.optimizer, args.bucket_elems
+    )
 
 
 def add(parser: argparse.ArgumentParser, *names: str, **changes) -> None:
@@ -157,15 +157,3 @@ def device_problems(args) -> list[str]:
     if args.device == "gpu" and not PRECISIONS[args.precision].on_gpu:
         return [f"--precision {args.precision} is not available with --device gpu (CuPy has no bfloat16)"]
     return []
-
-
-def output_problem(flag: str, path: str) -> str | None:
-    """Why this process could not write the file ``path``, or None."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return f"{flag} {path} is a directory, not a file"
-    if not os.path.isdir(folder):
-        return f"{flag} {path}: directory {folder} does not exist"
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        return f"{flag} {path} is not writable"
-    return None

@@ -16,12 +16,14 @@ import tempfile
 
 from mpizero.cli import options
 from mpizero.comm.launcher import python_under_mpiexec
-from mpizero.core import formulas
+from mpizero.core import files, formulas
 from mpizero.core.errors import ZeroError
 from mpizero.core.partition import Partition
 from mpizero.core.stages import STAGES, sharding
 
 OUTPUTS = {"output": "-o/--output"}
+INPUTS: dict[str, str] = {}
+OUTPUT_DIRS: dict[str, str] = {}
 ROWS = (("parameters", "params"), ("gradients", "grads"), ("optimizer state", "optimizer"))
 KINDS = ("params", "grads", "master", "optimizer", "comm")
 COLOURS = dict(zip(KINDS, ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd")))
@@ -121,7 +123,7 @@ def partition_figure(numel: int, ranks: int, path: str) -> dict:
     for (stage, kind, i), xy in centres.items():
         x, y = axes[stages.index(stage)].transData.transform(xy)
         pixels[(stage, kind, i)] = (int(round(x)), int(round(height - y)))
-    fig.savefig(path, dpi=DPI)
+    save(fig, path)
     plt.close(fig)
     return pixels
 
@@ -193,8 +195,14 @@ def memory_figure(args, path: str) -> None:
     names = [*KINDS, "comm: shared arena\n(all ranks on one host)"]
     ax.legend([plt.Rectangle((0, 0), 1, 1, color=c) for c in (*COLOURS.values(), ARENA)], names)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    save(fig, path)
     plt.close(fig)
+
+
+def save(fig, path: str) -> None:
+    """Write the figure atomically, in the format its file name's suffix names."""
+    suffix = os.path.splitext(path)[1][1:].lower()
+    files.write(path, lambda f: fig.savefig(f, dpi=DPI, format=suffix))
 
 
 FIGURES = {

@@ -8,15 +8,18 @@ including 1). The same global batch and micro-batches give byte-identical
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
 
 import numpy as np
 
+from mpizero.checkpoint import compat
 from mpizero.checkpoint import store as checkpoint
-from mpizero.cli import options
-from mpizero.core import faults, formulas
+from mpizero.cli import options, preflight
+from mpizero.comm.collectives import Collectives
+from mpizero.core import faults, files, formulas
 from mpizero.core.arrays import device_module, to_device
 from mpizero.core.engine import ZeroEngine
 from mpizero.core.memory import format_bytes, peak_rss_bytes
@@ -29,6 +32,8 @@ from mpizero.training.registry import Size, entry
 from mpizero.training.trainer import Trainer, make_groups
 
 OUTPUTS = {"save_params": "--save-params", "memory_json": "--memory-json"}
+INPUTS = {"resume": "--resume"}
+OUTPUT_DIRS = {"checkpoint_dir": "--checkpoint-dir"}
 MIN_MICRO_BATCHES = 4
 
 
@@ -69,8 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resume-override",
         action="append",
         default=[],
-        metavar="HYPER",
-        help="on --resume, take this optimizer hyper-parameter (lr, ...) from the command line, not the checkpoint",
+        metavar="SETTING",
+        help="on --resume, take this setting (lr, clip-norm, precision, ...) from the command line, not the checkpoint",
+    )
+    parser.add_argument(
+        "--no-memory-check", action="store_true", help="start even if the predicted memory exceeds what is available"
     )
 
 
@@ -90,10 +98,40 @@ def check(args, world_size: int) -> None:
         problems.append("--accumulate round needs a stage whose gradients meet in a reduce-scatter (1-3), got 0")
     if (args.checkpoint_dir is None) != (args.checkpoint_every is None):
         problems.append("--checkpoint-dir and --checkpoint-every go together: give both or neither")
+    problems += override_problems(args)
     options.raise_problems(problems)
 
 
-DATA_SETTINGS = ("model", "seed", "global_batch", "micro_batches", "block_size")
+# The settings that change a run's numbers: a resumed run must match them (or name them in --resume-override),
+# and their digest is the run's identity. Those that fix the tensors and optimizer states cannot be overridden.
+RUN_SETTINGS = (
+    *("model", "width", "layers", "heads", "block_size", "optimizer"),
+    *("lr", "precision", "reduction", "clip_norm", "global_batch", "micro_batches", "accumulate", "seed"),
+    "loss_scale_power",
+)
+FIXED_SETTINGS = RUN_SETTINGS[:6]
+
+
+def override_problems(args) -> list[str]:
+    """What is wrong with --resume-override: without --resume, or naming a setting a resumed run cannot change."""
+    args.resume_override = [name.replace("-", "_") for name in args.resume_override]
+    hyper = {field.name for field in dataclasses.fields(OPTIMIZERS[args.optimizer])}
+    allowed = sorted(hyper | set(RUN_SETTINGS) - set(FIXED_SETTINGS))
+    unknown = sorted(set(args.resume_override) - set(allowed))
+    problems = []
+    if args.resume_override and not args.resume:
+        problems.append("--resume-override needs --resume: there is no checkpoint to override")
+    if unknown:
+        shown = ", ".join(name.replace("_", "-") for name in allowed)
+        problems.append(f"--resume-override names {unknown}, not settings a resumed run can change ({shown})")
+    return problems
+
+
+def run_settings(args, task) -> dict:
+    """This run's ``RUN_SETTINGS`` (the width as the model resolves it)."""
+    return {**{name: getattr(args, name) for name in RUN_SETTINGS}, "width": task.width}
+
+
 ACCUMULATE = {"auto": None, "round": True, "local": False}  # Trainer's reduce_each_round
 
 
@@ -101,12 +139,19 @@ def run(args, comm) -> int:
     task = entry(args.model, Size.of(args))
     data = task.load()
     model = task.build(data)
+    preflight.check(args, task, data, model, Collectives(comm, args.watchdog or None))
     rss_baseline = peak_rss_bytes()  # the interpreter, NumPy, MPI and the data: before any training state
     precision = PRECISIONS[args.precision]
     xp = device_module(args.device)
     engine = make_engine(args, model, precision, comm, xp)
     trainer = Trainer(model, engine, precision, 2.0**args.loss_scale_power, ACCUMULATE[args.accumulate])
-    first_step = resume(args, engine, trainer) + 1 if args.resume else 1
+    settings = run_settings(args, task)
+    first_step, run_id = 1, compat.run_identity(settings)
+    if args.resume:
+        done, run_id = resume(args, engine, trainer, settings)
+        first_step = done + 1
+    if args.checkpoint_dir:
+        checkpoint.claim(engine.collectives, args.checkpoint_dir, run_id)
     size = args.global_batch // args.micro_batches
 
     def batch(m: int, step: int):
@@ -128,7 +173,9 @@ def run(args, comm) -> int:
         if rank0 and (step % args.log_every == 0 or step in (first_step, args.steps)):
             print(progress_line(args, task, step, report, elapsed, engine.memory()), flush=True)
         if args.checkpoint_dir and step % args.checkpoint_every == 0:
-            path = checkpoint.save(engine, args.checkpoint_dir, training_state(args, step, engine, trainer), args.keep)
+            path = checkpoint.save(
+                engine, args.checkpoint_dir, training_state(step, engine, trainer, settings, run_id), args.keep
+            )
             if rank0:
                 print(f"saved {path}", flush=True)
     rss_steps = peak_rss_bytes()  # before evaluation and saving, which can need more than the steps
@@ -140,8 +187,8 @@ def run(args, comm) -> int:
         if args.save_params:
             save_flat(args.save_params, model, master)
         if args.memory_json:
-            with open(args.memory_json, "w") as f:
-                json.dump({**engine.memory_report(), "rss_baseline": rss_baseline, "rss_steps": rss_steps}, f)
+            report = {**engine.memory_report(), "rss_baseline": rss_baseline, "rss_steps": rss_steps}
+            files.write(args.memory_json, lambda f: f.write(json.dumps(report).encode()))
     return 0
 
 
@@ -161,23 +208,25 @@ def make_engine(args, model, precision, comm, xp) -> ZeroEngine:
     )
 
 
-def training_state(args, step: int, engine, trainer) -> dict:
-    """Everything besides the shards that the next step needs: counters, loss scale, data settings."""
+def training_state(step: int, engine, trainer, settings: dict, run_id: str) -> dict:
+    """Everything besides the shards that the next step needs: counters, loss scale, the run and its settings."""
     scaler = trainer.scaler
     return {
         "step": int(step),
         "optimizer_steps": int(engine.step_count),
         "skipped_steps": int(engine.skipped_steps),
         "loss_scale": None if scaler is None else [float(scaler.scale), int(scaler.good_steps)],
-        "data": {name: getattr(args, name) for name in DATA_SETTINGS},
+        "data": {},
+        "settings": settings,
+        "run": run_id,
     }
 
 
-def resume(args, engine, trainer) -> int:
-    """Load the checkpoint ``--resume`` names into the engine and trainer; return the step it ended.
+def resume(args, engine, trainer, settings: dict) -> tuple[int, str]:
+    """Load the checkpoint ``--resume`` names into the engine and trainer; return the step it ended and its run.
 
-    The checkpoint's optimizer type and hyper-parameters must equal this run's
-    (``--resume-override NAME`` lets NAME differ), and its data settings too.
+    The checkpoint's optimizer and every other setting in ``RUN_SETTINGS`` must equal this run's
+    (``--resume-override NAME`` lets NAME differ), and ``--steps`` must go past its step.
     """
     comm = engine.comm
     found = None
@@ -195,23 +244,22 @@ def resume(args, engine, trainer) -> int:
             print(message, flush=True)
     state = checkpoint.load(engine, path, overrides=args.resume_override)
     where = os.path.join(path, checkpoint.MANIFEST)
-    for k in DATA_SETTINGS:
-        if state["data"].get(k) != getattr(args, k):
-            raise checkpoint.CheckpointError(
-                f"{where}: field training.data.{k}: checkpoint {state['data'].get(k)!r}, "
-                f"this run --{k.replace('_', '-')} {getattr(args, k)!r} (data settings must match)"
-            )
+    compat.check_settings(state.get("settings", {}), settings, where, args.resume_override)
     if state["optimizer_steps"] + state["skipped_steps"] != state["step"]:
         raise checkpoint.CheckpointError(
             f"{where}: field training.step: {state['step']}, but optimizer_steps {state['optimizer_steps']} "
             f"+ skipped_steps {state['skipped_steps']} = {state['optimizer_steps'] + state['skipped_steps']}"
+        )
+    if args.steps <= state["step"]:
+        raise checkpoint.CheckpointError(
+            f"--steps {args.steps} does not go past step {state['step']}, where {path} ended: nothing would be trained"
         )
     engine.step_count, engine.skipped_steps = state["optimizer_steps"], state["skipped_steps"]
     if trainer.scaler is not None and state["loss_scale"] is not None:
         trainer.scaler.scale, trainer.scaler.good_steps = state["loss_scale"]
     if comm.Get_rank() == 0:
         print(f"resumed from {path} after step {state['step']}", flush=True)
-    return state["step"]
+    return state["step"], state["run"]
 
 
 def progress_line(args, task, step: int, report, elapsed: float, held: dict) -> str:
@@ -252,13 +300,4 @@ def beside(measured, predicted: dict) -> str:
 def save_flat(path: str, model, master: dict) -> None:
     """Write every parameter, in model order, as one flat float32 .npy; atomically."""
     flat = np.concatenate([master[name].reshape(-1) for name in param_shapes(model)])
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            np.save(f, flat)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):  # the write failed part-way: leave nothing behind
-            os.unlink(tmp)
+    files.write(path, lambda f: np.save(f, flat))

@@ -22,6 +22,7 @@ from mpizero.core.reference import Reference
 from mpizero.core.stages import STAGES
 from mpizero.core.torch_semantics import DocumentedOptimizer
 from mpizero.training.mlp import MLP, regression_batch
+from mpizero.training.model import forward_backward
 from mpizero.training.trainer import Trainer, make_groups, reference_step
 from mpizero.training.transformer import Transformer
 
@@ -32,6 +33,9 @@ NATIVE_TOLERANCE = 1e-4
 # relative max-norm; float32 rounding drifts by up to ~2e-8 per step (README, "What verify checks")
 SEMANTICS_TOLERANCE, SEMANTICS_TOLERANCE_PER_STEP = 1e-5, 1e-7
 MICRO_BATCHES_PER_RANK = 3  # so a rank that loses one of its own micro-batches is caught
+# relative max-norm between the averaged mixed-precision gradients and the same step computed in fp32: fp16 stores
+# each gradient with an 11-bit significand (relative error up to 2**-11 = 4.9e-4); bf16 keeps gradients in fp32
+GRADIENT_TOLERANCE = {"fp16": 2e-3, "bf16": 1e-5}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +63,8 @@ def check(args, world_size: int) -> None:
 
 
 OUTPUTS: dict[str, str] = {}
+INPUTS: dict[str, str] = {}
+OUTPUT_DIRS: dict[str, str] = {}
 
 
 def build_model(name: str):
@@ -123,14 +129,17 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool, CommPaths]:
     engine, trainer, reference, documented = build_runs(stage, args, comm, model, precision)
     scaler = LossScaler() if precision.loss_scaling else None
     worst, first_mismatch, semantics = 0.0, None, SemanticsRecord.for_steps(args.steps)
+    gradients = SemanticsRecord(GRADIENT_TOLERANCE[args.precision]) if args.precision in GRADIENT_TOLERANCE else None
     for step in range(1, args.steps + 1):
         batches = [to_device(synthetic_batch(model, args.seed, step, m, args.batch), xp) for m in range(micro_batches)]
         engine.collectives.traffic.clear()
         trainer.step(batches.__getitem__, micro_batches)
-        taken = reference.step_count
+        taken, compute_params = reference.step_count, reference.compute_params()
         reference_step(model, reference, batches, precision, scaler)
         if reference.step_count > taken:  # a step skipped for fp16 overflow is skipped by torch too
             documented.step(reference.averaged)
+            if gradients is not None:
+                gradients.note(step, fp32_difference(model, compute_params, batches, reference.averaged))
         if args.perturb_rank == rank and step == 1:
             shard = engine.groups[0].master_shard
             shard[:1] = to_device(np.nextafter(to_host(shard[:1]), np.float32(np.inf)), xp)
@@ -145,7 +154,14 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool, CommPaths]:
     )
     reference_line, reference_ok = reference_verdict(engine, worst, first_mismatch)
     semantics_line, semantics_ok = semantics.verdict(engine.collectives, documented.name)
-    return f"{head} {reference_line}; {semantics_line}", reference_ok and semantics_ok, engine.collectives.paths
+    line, ok = f"{head} {reference_line}; {semantics_line}", reference_ok and semantics_ok
+    if gradients is not None:
+        verdict, detail, gradients_ok = gradients.agreed(engine.collectives)
+        line, ok = (
+            f"{line}; {args.precision} gradients {verdict} {gradients.tolerance:.0e} of fp32 ({detail})",
+            ok and gradients_ok,
+        )
+    return line, ok, engine.collectives.paths
 
 
 def build_runs(stage: int, args, comm, model, precision):
@@ -209,16 +225,30 @@ class SemanticsRecord:
         if not difference <= self.tolerance and not self.first_failure:  # NaN fails too
             self.first_failure = step
 
-    def verdict(self, collectives, name: str) -> tuple[str, bool]:
-        """Agree on the worst difference over ranks; return the verdict text and whether it is within tolerance."""
-        worst = collectives.allreduce_value(self.worst, MPI.MAX, "the largest optimizer-semantics difference")
-        failures = [s for s in collectives.allgather_object(self.first_failure, "semantics failures") if s]
+    def agreed(self, collectives) -> tuple[str, str, bool]:
+        """Agree on the worst difference over ranks: ``within`` or ``OUTSIDE``, the details, whether within."""
+        worst = collectives.allreduce_value(self.worst, MPI.MAX, "the largest difference within a tolerance")
+        failures = [s for s in collectives.allgather_object(self.first_failure, "tolerance failures") if s]
         detail = f"max rel diff {worst:.1e}"
         if failures:
             detail += f", first over at step {min(failures)}"
-        verdict = "OUTSIDE" if failures else "within"
-        line = f"optimizer semantics {verdict} {self.tolerance:.0e} of torch.optim's documented {name} ({detail})"
-        return line, not failures
+        return ("OUTSIDE" if failures else "within"), detail, not failures
+
+    def verdict(self, collectives, name: str) -> tuple[str, bool]:
+        """The optimizer-semantics verdict text, and whether it is within tolerance."""
+        verdict, detail, ok = self.agreed(collectives)
+        return f"optimizer semantics {verdict} {self.tolerance:.0e} of torch.optim's documented {name} ({detail})", ok
+
+
+def fp32_difference(model, compute_params: dict, batches: list, averaged: dict) -> float:
+    """Max |averaged - the same gradients computed, stored and averaged in fp32 (float64 mean)|, relative to the
+    fp32 gradients' max-norm: a tolerance check of the mixed-precision path (never bitwise)."""
+    fp32 = {name: np.zeros(p.shape, np.float64) for name, p in compute_params.items()}
+    for x, y in batches:
+        for name, grad in forward_backward(model, compute_params, x, y)[1].items():
+            fp32[name] += to_host(grad).astype(np.float64) / len(batches)
+    scale = max(float(np.max(np.abs(g), initial=0.0)) for g in fp32.values()) or 1.0
+    return max(float(np.max(np.abs(averaged[n] - g), initial=0.0)) for n, g in fp32.items()) / scale
 
 
 def semantics_difference(engine, documented_params) -> float:

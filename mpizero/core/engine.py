@@ -20,16 +20,15 @@ from mpi4py import MPI
 
 from mpizero.comm import agree, launch
 from mpizero.comm.collectives import Collectives
-from mpizero.core import norm, scales
-from mpizero.core.arrays import array_module, is_device_array, to_host
+from mpizero.core import norm, scales, setup
+from mpizero.core.arrays import array_module, to_host
 from mpizero.core.config import ZeroConfig
 from mpizero.core.group import FlatGroup, ParamState, StatePiece
-from mpizero.core.layout import FlatLayout
+from mpizero.core.init import ShardedInit, from_arrays
 from mpizero.core.memory import KINDS, MemoryLog, peak_rss_bytes
-from mpizero.core.partition import Partition
 from mpizero.core.reduction import REDUCTIONS
 from mpizero.core.signature import params_problem, setup_signature
-from mpizero.core.stages import GradientCollective, ShardPlan, sharding
+from mpizero.core.stages import GradientCollective
 from mpizero.core.step import StepOrderError, StepState, StepTracker
 from mpizero.core.tally import GroupTally
 
@@ -44,18 +43,22 @@ class StepResult:
     skipped: bool
     grad_norm: float | None = None
     redo: bool = False  # the scale prediction failed: hand the same gradients in again (see ``scales``)
+    loss: object = None  # what a caller's closure returned (``mpizero.torch``'s ``step(closure)``)
 
 
 class ZeroEngine:
     """ZeRO stages 0-3 for named float32 parameters, bitwise equal to the single-rank reference.
 
-    ``params`` must have the same names, shapes, dtypes and values on every
-    rank; ``groups`` lists parameter names per flat group (default: one group).
+    ``params``: the full arrays, with the same names, shapes, dtypes and values on
+    every rank; or a ``ShardedInit`` (``init``), from which each rank makes only
+    the values it holds, so that at stage 3 no rank ever holds the whole model.
+    ``groups`` lists parameter names per flat group (default: one group).
+    ``initial_digest`` tells runs apart by their initial values, at any world size.
     """
 
     def __init__(
         self,
-        params: Mapping,
+        params: Mapping | ShardedInit,
         optimizer,
         *,
         comm: MPI.Comm | None = None,
@@ -67,28 +70,26 @@ class ZeroEngine:
         launch.refuse_split_launch(self.config.allow_singleton)
         self.optimizer = optimizer
         self.reduction = REDUCTIONS[self.config.reduction]
-        self.names = list(params)
+        sharded = isinstance(params, ShardedInit)
+        self.names = list(params.shapes if sharded else params)
         group_names = [self.names] if groups is None else [list(g) for g in groups]
         problem = params_problem(params, group_names)
-        on_device = problem is None and is_device_array(next(iter(params.values())))
+        source = params if sharded or problem is not None else from_arrays(params)  # what fill makes values from
+        on_device = problem is None and source.device == "gpu"
         self.collectives = Collectives(self.comm, self.config.watchdog, on_device)
         self.step_count = self.skipped_steps = 0
         self.peak_gathered_groups = 0
         self.memory_log = MemoryLog()
         self._pending: list[int] = []  # groups whose gradient collective is in flight, oldest first
+        self._reduced = False  # finish_reduction() left averaged grads for apply_update()
         agree.raise_if_any(self.collectives, problem, "bad parameters")
         signature = setup_signature(params, group_names, self.config, self.collectives.paths, optimizer)
         agree.raise_unless_equal(self.collectives, signature)
-        xp = array_module(next(iter(params.values())))
-        rank, size = self.comm.Get_rank(), self.comm.Get_size()
-        self.groups: list[FlatGroup] = []
-        for names in group_names:
-            layout = FlatLayout.from_shapes({n: params[n].shape for n in names})
-            plan = ShardPlan(sharding(self.config.stage), Partition(layout.numel, size, self.config.align), rank)
-            group = FlatGroup(layout, plan, xp, self.config.param_dtype, params)
-            group.init_optimizer(optimizer.state_names)
-            self.groups.append(group)
+        self.groups: list[FlatGroup] = setup.build_groups(source, group_names, self.config, optimizer, self.collectives)
         self.numel = sum(g.layout.numel for g in self.groups)
+        if sharded:
+            setup.agree_held_params(self.groups, self.collectives)
+        self.initial_digest = self.master_digest()
         for group in self.groups:
             group.keep_local_grads(self.collectives, self.reduction)
         self._tracker = StepTracker(len(self.groups))
@@ -257,6 +258,18 @@ class ZeroEngine:
 
     def finish_step(self) -> StepResult:
         """Finish every group's reduction, clip, update and publish; or skip or redo the step if agreed."""
+        ended = self.finish_reduction()
+        if ended is not None:
+            return ended
+        grad_norm = self.clip_grad_norm(self.config.clip_norm) if self.config.clip_norm is not None else None
+        return self.apply_update(grad_norm)
+
+    def finish_reduction(self) -> StepResult | None:
+        """Finish the step's gradient collectives so the averaged grad shards are ready for ``apply_update``.
+
+        Returns the step's result instead when it ends here: skipped (a non-finite gradient, agreed) or to be
+        redone (the scale prediction failed).
+        """
         missing = self._tracker.missing()
         if self._tracker.finish(self.step_number):
             self._end_step()
@@ -276,7 +289,14 @@ class ZeroEngine:
         if self.reduction.result_can_overflow and self._nonfinite_result():
             self.skipped_steps += 1
             return StepResult(self.step_count, skipped=True)
-        grad_norm = self._clip() if self.config.clip_norm is not None else None
+        self._reduced = True
+        return None
+
+    def apply_update(self, grad_norm: float | None = None) -> StepResult:
+        """Update the owned range with the averaged gradients of ``finish_reduction`` and publish (collective)."""
+        if not self._reduced:
+            raise StepOrderError("apply_update() needs a finish_reduction() that returned None first")
+        self._reduced = False
         self.step_count += 1
         for group in self.groups:
             group.update(self.optimizer, self.step_count)
@@ -322,12 +342,17 @@ class ZeroEngine:
             )
         return True
 
-    def _clip(self) -> float:
-        """Scale every grad shard so the global gradient norm is at most ``clip_norm``; return the norm."""
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Scale every grad shard so the global gradient norm is at most ``max_norm``; return the norm before.
+
+        Between ``finish_reduction`` and ``apply_update`` (collective where the grads are sharded).
+        """
+        if not self._reduced:
+            raise StepOrderError("clip_grad_norm() needs the step's gradients reduced first (finish_reduction)")
         pieces = [g.grad_shard for g in self.groups]
         across_ranks = self.groups[0].plan.norm_needs_all_ranks
         grad_norm = norm.global_norm(pieces, self.numel, self.collectives if across_ranks else None)
-        factor = norm.clip_factor(grad_norm, self.config.clip_norm)
+        factor = norm.clip_factor(grad_norm, max_norm)
         if factor is not None:
             for piece in pieces:
                 piece *= np.float32(factor)
@@ -342,6 +367,17 @@ class ZeroEngine:
     def owned_pieces(self) -> list[StatePiece]:
         """All training state this rank updates (everything at stage 0): what a load must fill."""
         return [piece for g in self.groups for piece in g.state_pieces(*g.plan.owned_range)]
+
+    def set_master(self, index: int, values: Mapping) -> None:
+        """Set group ``index``'s master shard from full float32 tensors by name (no communication).
+
+        Call ``publish`` once every group is set, with every group released, so all ranks compute with them.
+        """
+        group = self.groups[index]
+        start, stop = group.owned_range
+        for _, spec, lo, hi in group.layout.overlaps(start, stop):
+            flat = values[spec.name].reshape(-1)
+            group.master_shard[lo - start : hi - start] = flat[lo - spec.offset : hi - spec.offset]
 
     def publish(self) -> None:
         """Make the parameters every rank computes with equal to the master again (after the state was set)."""
@@ -358,14 +394,23 @@ class ZeroEngine:
     def master_params(self) -> dict[str, np.ndarray]:
         """Return the full float32 master parameters by name on every rank (host arrays)."""
         result = {}
-        for group in self.groups:
-            full = np.empty(group.partition.padded_numel, dtype=np.float32)
-            start, stop = group.partition.shard_range(group.rank)
-            owned_start = start - group.owned_range[0]
-            shard = to_host(group.master_shard[owned_start : owned_start + stop - start])
-            self.collectives.allgather(np.ascontiguousarray(shard), full, counted_as="report")
-            result.update({k: v.copy() for k, v in group.layout.views(full).items()})
+        for index in range(len(self.groups)):
+            result.update(self.master_group(index))
         return {name: result[name] for name in self.names}
+
+    def master_group(self, index: int) -> dict[str, np.ndarray]:
+        """Return group ``index``'s full float32 master parameters by name on every rank (host arrays; collective)."""
+        group = self.groups[index]
+        full = np.empty(group.partition.padded_numel, dtype=np.float32)
+        start, stop = group.partition.shard_range(group.rank)
+        owned_start = start - group.owned_range[0]
+        shard = to_host(group.master_shard[owned_start : owned_start + stop - start])
+        self.collectives.allgather(np.ascontiguousarray(shard), full, counted_as="report")
+        return {k: v.copy() for k, v in group.layout.views(full).items()}
+
+    def master_digest(self) -> str:
+        """A digest of the fp32 master params, the same at any world size (collective: each rank digests its shard)."""
+        return setup.master_digest(self.groups, self.collectives)
 
     def memory(self) -> dict[str, int]:
         """Bytes this rank holds now, by kind (``memory.KINDS``), read from the buffers themselves."""

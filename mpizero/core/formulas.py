@@ -51,6 +51,10 @@ class Setup:
     shared_arena: bool = False  # stages 2-3 on one host: one bucket-sized shared buffer for gradients
     nodes: int = 1
     two_level: bool = False  # reduce-scatters and all-gathers in two levels (inside nodes, then across)
+    group_counts: tuple[int, ...] = ()  # how many groups of each size in ``group_numels`` (empty: one each)
+
+    def counts(self) -> tuple[int, ...]:
+        return self.group_counts or (1,) * len(self.group_numels)
 
     def partitions(self) -> list[Partition]:
         return [Partition(n, self.ranks, self.align) for n in self.group_numels]
@@ -59,13 +63,17 @@ class Setup:
         """Rank 0's plan for each group (every rank holds the same number of elements)."""
         return [ShardPlan(sharding(self.stage), p, 0) for p in self.partitions()]
 
+    def counted_plans(self) -> list[tuple[ShardPlan, int]]:
+        """Each distinct group's plan and how many groups have it."""
+        return list(zip(self.plans(), self.counts(), strict=True))
+
 
 def engine_bytes(setup: Setup) -> dict[str, int]:
     """Bytes each rank holds between steps, by kind, as ``ZeroEngine.memory()`` reports them."""
-    plans = setup.plans()
-    owned = sum(span(p.owned_range) for p in plans)
+    plans = setup.counted_plans()
+    owned = sum(span(p.owned_range) * n for p, n in plans)
     return {
-        "params": sum(span(p.params_range) for p in plans) * setup.param_bytes,
+        "params": sum(span(p.params_range) * n for p, n in plans) * setup.param_bytes,
         "gathered": 0,
         "grads": owned * 4,
         "master": owned * 4,
@@ -74,12 +82,12 @@ def engine_bytes(setup: Setup) -> dict[str, int]:
     }
 
 
-def _comm_bytes(setup: Setup, plans: list[ShardPlan]) -> int:
+def _comm_bytes(setup: Setup, plans: list[tuple[ShardPlan, int]]) -> int:
     """Kept local gradient buffers (stages 0-1), or else the shared arena of the largest bucket, if any."""
-    kept = sum(p.partition.padded_numel for p in plans if p.keeps_local_grads)
+    kept = sum(p.partition.padded_numel * n for p, n in plans if p.keeps_local_grads)
     if kept or not setup.shared_arena:
         return kept * setup.wire_bytes
-    return max(p.partition.padded_numel for p in plans) * setup.wire_bytes
+    return max(p.partition.padded_numel for p, _ in plans) * setup.wire_bytes
 
 
 def traffic_per_step(setup: Setup, rounds: int = 1, reduce_each_round: bool | None = None) -> dict[str, int]:
@@ -90,14 +98,14 @@ def traffic_per_step(setup: Setup, rounds: int = 1, reduce_each_round: bool | No
     """
     n = setup.ranks
     sent = {"reduce_scatter": 0, "allreduce": 0, "allgather": 0}
-    for plan in setup.plans():
+    for plan, count in setup.counted_plans():
         padded = plan.partition.padded_numel
         wire, params = padded * setup.wire_bytes, padded * setup.param_bytes
         if plan.gradient_collective is GradientCollective.ALLREDUCE:
-            sent["allreduce"] += 2 * wire * (n - 1) // n
+            sent["allreduce"] += count * (2 * wire * (n - 1) // n)
         else:
-            sent["reduce_scatter"] += _reduce_scatters(plan, rounds, reduce_each_round) * (wire * (n - 1) // n)
-        sent["allgather"] += plan.allgathers_per_step(rounds) * (params * (n - 1) // n)
+            sent["reduce_scatter"] += count * _reduce_scatters(plan, rounds, reduce_each_round) * (wire * (n - 1) // n)
+        sent["allgather"] += count * plan.allgathers_per_step(rounds) * (params * (n - 1) // n)
     return sent
 
 
@@ -122,16 +130,16 @@ def _reduce_scatters(plan: ShardPlan, rounds: int, reduce_each_round: bool | Non
 def inter_node_per_step(setup: Setup, rounds: int = 1, reduce_each_round: bool | None = None) -> dict[str, int]:
     """Bytes each rank sends to other nodes per step, by collective (see ``inter_node_bytes``)."""
     n, nodes, sent = setup.ranks, setup.nodes, {"reduce_scatter": 0, "allreduce": 0, "allgather": 0}
-    for plan in setup.plans():
+    for plan, count in setup.counted_plans():
         padded = plan.partition.padded_numel
         wire, params = padded * setup.wire_bytes, padded * setup.param_bytes
         if plan.gradient_collective is GradientCollective.ALLREDUCE:
-            sent["allreduce"] += inter_node_bytes(wire, n, nodes, False, factor=2)
+            sent["allreduce"] += count * inter_node_bytes(wire, n, nodes, False, factor=2)
         else:
             scatters = _reduce_scatters(plan, rounds, reduce_each_round)
-            sent["reduce_scatter"] += scatters * inter_node_bytes(wire, n, nodes, setup.two_level)
+            sent["reduce_scatter"] += count * scatters * inter_node_bytes(wire, n, nodes, setup.two_level)
         gathered = inter_node_bytes(params, n, nodes, setup.two_level)
-        sent["allgather"] += plan.allgathers_per_step(rounds) * gathered
+        sent["allgather"] += count * plan.allgathers_per_step(rounds) * gathered
     return sent
 
 
@@ -172,13 +180,13 @@ def calls_per_step(setup: Setup, rounds: int = 1, clip: bool = True, reduction: 
     ``agreement``: the data-loading flag, one ``agree`` per group, the norm's maximum and sum (when clipping
     at stages 1-3), the overflow flag (``native`` reduction) and the losses: none depends on the number of ranks.
     """
-    plans = setup.plans()
+    plans = setup.counted_plans()
     calls = {"reduce_scatter": 0, "allreduce": 0, "allgather": 0}
-    for plan in plans:
-        calls[plan.gradient_collective.value] += 1
-        calls["allgather"] += plan.allgathers_per_step(rounds)
-    norm = 2 if clip and plans[0].norm_needs_all_ranks else 0
-    calls["agreement"] = 1 + len(plans) + norm + int(REDUCTIONS[reduction].result_can_overflow) + 1
+    for plan, count in plans:
+        calls[plan.gradient_collective.value] += count
+        calls["allgather"] += count * plan.allgathers_per_step(rounds)
+    norm = 2 if clip and plans[0][0].norm_needs_all_ranks else 0
+    calls["agreement"] = 1 + sum(setup.counts()) + norm + int(REDUCTIONS[reduction].result_can_overflow) + 1
     return calls
 
 
@@ -191,7 +199,9 @@ def agreement_bytes_per_step(
     clipping the norm's sum is counted at its longest pickle; a smaller sum is up to a few bytes shorter.
     """
     plans = setup.plans()
-    per_group = sum(8 * (3 + t) for t in tensors)  # (count, problem flag, early flag, one maximum per tensor)
+    per_group = sum(
+        8 * (3 + t) * count for t, count in zip(tensors, setup.counts(), strict=True)
+    )  # (count, problem flag, early flag, one maximum per tensor)
     norm = FLOAT_BYTES + NORM_SUM_BYTES if clip and plans[0].norm_needs_all_ranks else 0
     overflow = FLAG_BYTES if REDUCTIONS[reduction].result_can_overflow else 0
     return FLAG_BYTES + per_group + norm + overflow + 8 * micro_batches
@@ -205,16 +215,16 @@ def checkpoint_per_save(setup: Setup, tensor_numels: tuple[tuple[int, ...], ...]
     """
     states = 1 + setup.optimizer_states
     pieces = 0
-    for partition, numels in zip(setup.partitions(), tensor_numels, strict=True):
+    partitions = list(zip(setup.partitions(), setup.counts(), strict=True))
+    for (partition, count), numels in zip(partitions, tensor_numels, strict=True):
         shard, start = partition.shard_numel, 0
         for numel in numels:
             if numel:
-                pieces += (start + numel - 1) // shard - start // shard + 1
+                pieces += count * ((start + numel - 1) // shard - start // shard + 1)
             start += numel
-    partitions = setup.partitions()
     return {
         "files": setup.ranks * states + 1,
-        "bytes": 4 * states * sum(p.numel for p in partitions),
-        "bytes per rank": 4 * states * sum(span(p.data_range(0)) for p in partitions),  # rank 0 writes the most
+        "bytes": 4 * states * sum(p.numel * n for p, n in partitions),
+        "bytes per rank": 4 * states * sum(span(p.data_range(0)) * n for p, n in partitions),  # rank 0: the most
         "pieces": pieces,
     }

@@ -50,26 +50,33 @@ class StatePiece:
 class FlatGroup:
     """Buffers of one parameter group on one rank, for one stage."""
 
-    def __init__(self, layout: FlatLayout, plan: ShardPlan, xp, param_dtype, initial):
+    def __init__(self, layout: FlatLayout, plan: ShardPlan, xp, param_dtype, fill):
+        """``fill(name, start, stop)``: elements ``[start, stop)`` of tensor ``name`` flattened, float32 on ``xp``.
+
+        It is asked only for the params this rank holds (``plan.params_range``: the
+        param shard at stage 3), tensor by tensor in layout order, so no buffer of
+        the full params is ever made where the stage keeps only the shard.
+        """
         self.layout, self.plan = layout, plan
         self.partition, self.rank = plan.partition, plan.rank
         self.xp, self.param_dtype = xp, np.dtype(param_dtype)
-        full = xp.zeros(self.partition.padded_numel, dtype=np.float32)
-        for name, view in layout.views(full).items():
-            view[...] = initial[name]
+        held_start, held_stop = plan.params_range
+        held = xp.zeros(held_stop - held_start, dtype=np.float32)  # the padding stays zero
+        for _, spec, lo, hi in layout.overlaps(held_start, held_stop):
+            held[lo - held_start : hi - held_start] = fill(spec.name, lo - spec.offset, hi - spec.offset)
         start, stop = plan.owned_range
-        self.master_shard = full[start:stop].copy()
+        self.master_shard = held[start - held_start : stop - held_start].copy()
         self.optimizer_state: dict = {}
         self.grad_shard = xp.zeros(stop - start, dtype=np.float32)
         self.local_grads = self.reduced = self.pending_reduce = self.pending_result = self.pending_gather = None
         self.accumulated, self.rounds_reduced, self.decoded = False, 0, False  # this step's progress
-        shard_start, shard_stop = plan.shard_range
         if plan.gathers_params:
             self.full_params = None
-            self.param_shard = full[shard_start:shard_stop].astype(self.param_dtype)
+            self.param_shard = held.astype(self.param_dtype, copy=False)
             self.state = ParamState.SHARDED
         else:
-            self.full_params = full.astype(self.param_dtype)
+            shard_start, shard_stop = plan.shard_range
+            self.full_params = held.astype(self.param_dtype, copy=False)
             self.param_shard = self.full_params[shard_start:shard_stop]
             self.state = ParamState.UNSHARDED
 

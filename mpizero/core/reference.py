@@ -4,6 +4,12 @@ It receives every contribution of every simulated rank, averages each tensor
 the way the chosen reduction defines the average, optionally clips by the
 global norm, and applies the optimizer to each full tensor. Every distributed
 result is compared with it bit for bit.
+
+It shares no mixed-precision code with the engine's trainer: ``contribution``
+is written here again, plainly, from the definition (store in the grad dtype,
+divide by the loss scale), so a bug in the trainer's ``as_contribution`` (a
+gradient never unscaled, stored in the wrong dtype) makes ``verify`` fail
+instead of being copied into the reference.
 """
 
 from __future__ import annotations
@@ -14,6 +20,18 @@ import numpy as np
 
 from mpizero.core import exact, norm, scales
 from mpizero.core.arrays import array_module
+
+
+def contribution(grads: Mapping, grad_dtype, loss_scale: float) -> dict[str, np.ndarray]:
+    """One micro-batch's gradients as the reduction receives them: each rounded to ``grad_dtype`` (where fp16 can
+    overflow to inf), then divided by ``loss_scale`` in float32. The scale is a power of two, so this division is
+    exact wherever the quotient is a normal float32."""
+    result = {}
+    for name, grad in grads.items():
+        with np.errstate(over="ignore"):
+            stored = grad.astype(grad_dtype)
+        result[name] = stored.astype(np.float32) / np.float32(loss_scale)
+    return result
 
 
 class Reference:

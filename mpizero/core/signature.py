@@ -2,28 +2,36 @@
 
 The parameters are checked at the door (``params_problem``); then every rank's
 set-up signature, field by field, must equal rank 0's (``setup_signature``):
-same tensors, groups, settings, communication paths, optimizer and initial values.
+same tensors, groups, settings, communication paths, optimizer and initial
+values. Full arrays exist on every rank, so their values are hashed whole; a
+``ShardedInit`` holds no values, so its ``identity`` stands for them (the
+engine then digests the shards each rank made: ``digest``).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from math import prod
 
 import numpy as np
 
-from mpizero.core.arrays import to_host
+from mpizero.core.arrays import device_module, to_host
+from mpizero.core.errors import ZeroError
+from mpizero.core.init import ShardedInit
 
 PARAM_DTYPE = np.dtype(np.float32)
 
 
-def params_problem(params: Mapping, group_names) -> str | None:
+def params_problem(params: Mapping | ShardedInit, group_names) -> str | None:
     """What is wrong with the parameters or their grouping on this rank (None when nothing is)."""
+    if isinstance(params, ShardedInit):
+        return _groups_problem(list(params.shapes), group_names) or _device_problem(params.device)
     if not isinstance(params, Mapping) or not params:
-        return "params must be a non-empty dict of arrays"
-    listed = [n for names in group_names for n in names]
-    if sorted(listed) != sorted(params):
-        return f"groups must list every parameter exactly once, got {listed} for {list(params)}"
+        return "params must be a non-empty dict of arrays, or a ShardedInit"
+    problem = _groups_problem(list(params), group_names)
+    if problem is not None:
+        return problem
     for name, a in params.items():
         if getattr(a, "dtype", None) != PARAM_DTYPE:
             return f"parameter {name!r} must be float32, got {getattr(a, 'dtype', type(a).__name__)}"
@@ -32,18 +40,39 @@ def params_problem(params: Mapping, group_names) -> str | None:
     return None
 
 
-def setup_signature(params: Mapping, group_names, config, paths, optimizer) -> dict:
+def _groups_problem(names: list[str], group_names) -> str | None:
+    listed = [n for group in group_names for n in group]
+    if sorted(listed) != sorted(names):
+        return f"groups must list every parameter exactly once, got {listed} for {names}"
+    return None
+
+
+def _device_problem(device: str) -> str | None:
+    try:
+        device_module(device)
+    except ZeroError as error:
+        return str(error)
+    return None
+
+
+def setup_signature(params: Mapping | ShardedInit, group_names, config, paths, optimizer) -> dict:
     """The fields every rank must agree on, by the name an error shows."""
+    if isinstance(params, ShardedInit):
+        shapes, dtypes = params.shapes, (str(PARAM_DTYPE),) * len(params.shapes)
+        values = {"the initializer": params.identity}
+    else:
+        shapes, dtypes = {n: tuple(a.shape) for n, a in params.items()}, tuple(str(a.dtype) for a in params.values())
+        values = {"the initial parameter values": _digest(params)}
     return {
-        "the parameter count": sum(int(a.size) for a in params.values()),
-        "the parameter names": tuple(params),
-        "the parameter shapes": tuple(tuple(a.shape) for a in params.values()),
-        "the parameter dtypes": tuple(str(a.dtype) for a in params.values()),
+        "the parameter count": sum(prod(shape) for shape in shapes.values()),
+        "the parameter names": tuple(shapes),
+        "the parameter shapes": tuple(shapes.values()),
+        "the parameter dtypes": dtypes,
         "the groups": tuple(map(tuple, group_names)),
         "the settings": config,
         "the communication paths": paths,
         "the optimizer": repr(optimizer),
-        "the initial parameter values": _digest(params),
+        **values,
     }
 
 

@@ -1,12 +1,20 @@
-"""Torch parameters that show the engine's full params: bound once, gathered and freed by group at stage 3.
+"""What each torch parameter shows, and when: the engine's full params while in use, a safe placeholder between.
 
-At stages 0-2 the full params live between steps: with float32 params each
-torch parameter is a view of the engine's buffer (updates land in place);
-with bfloat16 or float16 params it is a float32 copy refreshed after each
-update (the model computes in float32 on the rounded values, as the engine's
-precision policies say). At stage 3 each group has a ``FullParams`` buffer the
-torch parameters view; the engine all-gathers straight into it (float32), or
-into its own buffer that is then converted, and the storage is freed on release.
+Glossary:
+
+- full view: a torch parameter's ``.data`` while its group is gathered: a view
+  of the group's full params (float32 params: the engine's own buffer; bfloat16
+  or float16: a float32 copy, since the model computes in float32 on the
+  rounded values, as the engine's precision policies say).
+- placeholder: a parameter's ``.data`` while its group is sharded (stage 3,
+  outside forward and backward): an empty tensor, as FSDP1 showed. Reading it
+  is safe (``p.sum()`` is 0, ``print(p)`` shows ``tensor([])``); the values
+  are read with ``gathered()`` or ``state_dict()``.
+
+At stages 0-2 the full params live between steps and every parameter always
+shows its full view. At stage 3 each group's full params exist only between
+``acquire`` (or ``prefetch``) and the last ``release``; each gather is
+announced first (``sync``), so ranks that do different things find out.
 """
 
 from __future__ import annotations
@@ -14,28 +22,41 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mpizero.torch.tensors import FullParams, as_tensor, raw_array
+from mpizero.torch.sync import Operation
+from mpizero.torch.tensors import FullParams, as_array, as_tensor
 
 
 class Binder:
-    """Point each torch parameter at the engine's full params; at stage 3 gather and free them by group."""
+    """Point each torch parameter at the engine's full params or a placeholder; at stage 3 gather them by group."""
 
-    def __init__(self, engine, params: dict[str, torch.nn.Parameter], device: torch.device) -> None:
-        self.engine, self.params = engine, params
+    def __init__(self, engine, params: dict[str, torch.nn.Parameter], device: torch.device, announcer) -> None:
+        self.engine, self.params, self.announcer = engine, params, announcer
         self.zero_copy = np.dtype(engine.config.param_dtype) == np.float32
         self.sharded = engine.groups[0].plan.gathers_params
         self.holders = [0] * len(engine.groups)  # acquisitions not yet released, per group
         self.in_flight: set[int] = set()  # prefetched groups nobody has acquired yet
         self.buffers: list[FullParams] = []
+        self.placeholder = torch.empty(0, dtype=torch.float32, device=device)
         if self.sharded or not self.zero_copy:
-            for group in engine.groups:
-                buffer = FullParams(group.partition.padded_numel, device)
-                for spec in group.layout.specs:
-                    params[spec.name].data = buffer.tensor[spec.offset : spec.stop].view(spec.shape)
-                self.buffers.append(buffer)
+            for index, group in enumerate(engine.groups):
+                self.buffers.append(FullParams(group.partition.padded_numel, device))
                 if self.sharded:
-                    buffer.free()
+                    self._hide(index)
+                else:
+                    self.buffers[index].allocate()
+                    self._show(index)
         self.refresh()
+
+    def _show(self, index: int) -> None:
+        """Make group ``index``'s parameters views of its (allocated) float32 buffer."""
+        flat = self.buffers[index].tensor
+        for spec in self.engine.groups[index].layout.specs:
+            self.params[spec.name].data = flat[spec.offset : spec.stop].view(spec.shape)
+
+    def _hide(self, index: int) -> None:
+        for name in self.engine.groups[index].layout.names:
+            self.params[name].data = self.placeholder
+        self.buffers[index].free()
 
     def refresh(self) -> None:
         """Make the torch parameters show the engine's current parameters (stages 0-2; stage 3 gathers on use)."""
@@ -51,7 +72,7 @@ class Binder:
 
     def _convert(self, index: int, views: dict) -> None:
         """Write the param-dtype views into the group's float32 torch buffer."""
-        flat = raw_array(self.buffers[index].tensor)
+        flat = as_array(self.buffers[index].tensor)
         for spec in self.engine.groups[index].layout.specs:
             flat[spec.offset : spec.stop] = views[spec.name].reshape(-1)
 
@@ -59,6 +80,7 @@ class Binder:
         """Start gathering group ``index`` if nobody holds it (stage 3); ``acquire`` completes it."""
         if self.holders[index] or index in self.in_flight:
             return
+        self.announcer.announce(Operation.GATHER, index)
         out = self.buffers[index].allocate() if self.zero_copy else None
         self.engine.gather(index, blocking=False, out=out)
         self.in_flight.add(index)
@@ -66,6 +88,8 @@ class Binder:
     def acquire(self, index: int) -> None:
         """Make group ``index``'s torch parameters hold the full values until the matching ``release``."""
         if self.holders[index] == 0:
+            if index not in self.in_flight:
+                self.announcer.announce(Operation.GATHER, index)
             if self.zero_copy:
                 self.engine.gather(index, out=self.buffers[index].allocate())
             else:
@@ -74,6 +98,7 @@ class Binder:
                 self._convert(index, views)
                 self.engine.release(index)
             self.in_flight.discard(index)
+            self._show(index)
         self.holders[index] += 1
 
     def release(self, index: int) -> None:
@@ -91,7 +116,11 @@ class Binder:
 
     def _free(self, index: int) -> None:
         self.engine.release(index)  # first: MPI may still be writing into the buffer
-        self.buffers[index].free()
+        self._hide(index)
+
+    def full_tensors(self, index: int) -> dict[str, torch.Tensor]:
+        """Group ``index``'s parameters as float32 torch tensors by name, while held (or at stages 0-2)."""
+        return {name: self.params[name].data for name in self.engine.groups[index].layout.names}
 
     def torch_bytes(self) -> int:
         """Bytes of float32 torch buffers the engine does not count (converted copies of bf16/fp16 params)."""

@@ -2,16 +2,12 @@
 
 CPU tensors become NumPy arrays through ``Tensor.numpy()``; CUDA tensors become
 CuPy arrays through DLPack, so the engine's GPU path serves torch on GPUs.
-``FullParams`` is stage 3's unsharded buffer: a torch tensor whose storage
-exists only between a gather and a release (as FSDP2 frees its unsharded
-parameters), so views made once (the torch parameters) stay valid across gathers.
+``FullParams`` is stage 3's unsharded buffer: a torch tensor that exists only
+between a gather and a release (as FSDP2 frees its unsharded parameters).
 """
 
 from __future__ import annotations
 
-import ctypes
-
-import numpy as np
 import torch
 
 from mpizero.core.arrays import is_device_array
@@ -35,38 +31,27 @@ def as_tensor(array) -> torch.Tensor:
     return torch.from_dlpack(array) if is_device_array(array) else torch.from_numpy(array)
 
 
-def raw_array(tensor: torch.Tensor):
-    """View a contiguous float32 tensor's memory as an array that does not pin its storage.
-
-    ``Tensor.numpy()`` would make the storage unresizable for good; this view
-    must not be used once the storage is freed (the caller releases it first).
-    """
-    count = tensor.numel()
-    if tensor.device.type == "cuda":
-        import cupy
-
-        memory = cupy.cuda.UnownedMemory(tensor.data_ptr(), 4 * count, tensor)
-        return cupy.ndarray((count,), np.float32, cupy.cuda.MemoryPointer(memory, 0))
-    return np.ctypeslib.as_array((ctypes.c_float * count).from_address(tensor.data_ptr()))
-
-
 class FullParams:
-    """One group's full params (padded numel, float32) as a torch tensor, allocated only while gathered."""
+    """One group's full params (padded numel, float32) as a torch tensor, allocated only while gathered.
+
+    Each gather gets a new tensor, and freeing only drops this reference: a caller still holding a view (or a
+    NumPy array of it) keeps valid memory, never a view of freed storage.
+    """
 
     def __init__(self, numel: int, device: torch.device) -> None:
-        self.tensor = torch.zeros(numel, dtype=torch.float32, device=device)
+        self.numel, self.device = numel, device
         self.nbytes = 4 * numel
+        self.tensor: torch.Tensor | None = None
 
     @property
     def allocated(self) -> bool:
-        return self.tensor.untyped_storage().size() > 0
+        return self.tensor is not None
 
     def allocate(self):
-        """Make the storage exist again (views made before see it); return an array view of it."""
-        if not self.allocated:
-            self.tensor.untyped_storage().resize_(self.nbytes)
-        return raw_array(self.tensor)
+        """Make the buffer exist (if it does not); return an array view of it (zero-copy)."""
+        if self.tensor is None:
+            self.tensor = torch.empty(self.numel, dtype=torch.float32, device=self.device)
+        return as_array(self.tensor)
 
     def free(self) -> None:
-        """Free the storage; the views stay, with no memory behind them, until the next ``allocate``."""
-        self.tensor.untyped_storage().resize_(0)
+        self.tensor = None

@@ -3,7 +3,9 @@
 ``MODELS`` is the one table: ``train``, ``estimate`` and ``plot`` take their
 ``--model`` choices from it and ask the entry, never the name, what to do.
 Every entry has the same interface: ``problems()`` (what is wrong with the
-sizes), ``load()`` (its data), ``build(data)``, ``micro_batch(...)``,
+sizes), ``load()`` (its data), ``data_problems(data)`` (what the sizes ask of
+the data that it cannot give), ``build(data)``, ``unit_runs(data)`` (the
+model's units as runs of alike ones, for the formulas), ``micro_batch(...)``,
 ``samples_per_item`` and ``unit`` (for throughput), and ``evaluate(...)``.
 """
 
@@ -21,8 +23,8 @@ from mpizero.core.reduction import REDUCTIONS
 from mpizero.core.stages import STAGES
 from mpizero.training.datasets import Corpus, Digits
 from mpizero.training.mlp import MLP
-from mpizero.training.model import forward_backward, param_shapes
-from mpizero.training.trainer import make_groups
+from mpizero.training.model import forward_backward
+from mpizero.training.runs import Run, group_runs
 from mpizero.training.transformer import Transformer
 
 
@@ -55,11 +57,20 @@ class DigitsMLP:
     def problems(self) -> list[str]:
         return []
 
+    def data_problems(self, data: Digits) -> list[str]:
+        return []
+
     def load(self) -> Digits:
         return Digits.load()
 
     def build(self, data: Digits) -> MLP:
         return MLP((data.x.shape[1], *[self.width] * self.size.layers, 10), objective="xent")
+
+    def unit_runs(self, data: Digits) -> list[Run]:
+        """The units of ``build(data)`` as runs: the first layer, ``layers - 1`` alike, the classifier."""
+        d_in, width = data.x.shape[1], self.width
+        layers = [((d_in, width), 1), ((width, width), self.size.layers - 1), ((width, 10), 1)]
+        return [Run((a * b, b), count) for (a, b), count in layers]
 
     def micro_batch(self, data: Digits, seed: int, step: int, micro_batch: int, size: int, count: int):
         return data.micro_batch(seed, step, micro_batch, size, count)
@@ -91,11 +102,29 @@ class TextTransformer:
             return [f"--width {self.width} must be a multiple of --heads {self.size.heads}"]
         return []
 
+    def data_problems(self, data: Corpus) -> list[str]:
+        """A window of ``block_size`` + 1 characters must fit in the training text and in the held-out text."""
+        held_out = len(data.tokens) - data.split
+        longest = min(data.split - 2, held_out - 1)
+        if self.size.block_size > longest:
+            return [
+                f"--block-size {self.size.block_size} is longer than the corpus allows ({data.split:,} training and "
+                f"{held_out:,} held-out characters): at most {longest:,}"
+            ]
+        return []
+
     def load(self) -> Corpus:
         return Corpus.load()
 
     def build(self, data: Corpus) -> Transformer:
         return Transformer(len(data.alphabet), self.size.block_size, self.width, self.size.heads, self.size.layers)
+
+    def unit_runs(self, data: Corpus) -> list[Run]:
+        """The units of ``build(data)`` as runs: the embedding, ``layers`` alike blocks, the head."""
+        embedding, block, head = Transformer(
+            len(data.alphabet), self.size.block_size, self.width, self.size.heads, 1
+        ).units
+        return [Run(_numels(embedding), 1), Run(_numels(block), self.size.layers), Run(_numels(head), 1)]
 
     def micro_batch(self, data: Corpus, seed: int, step: int, micro_batch: int, size: int, count: int):
         return data.micro_batch(seed, step, micro_batch, size, self.size.block_size)
@@ -114,13 +143,19 @@ def entry(name: str, size: Size):
     return MODELS[name](size)
 
 
-def formula_setups(model, ranks: int, precision: str, reduction: str, optimizer: str, bucket_elems: int):
-    """Yield ``(stage, formulas.Setup)`` for ``model`` trained as these settings say, at every stage."""
-    shapes = param_shapes(model)
+def _numels(unit) -> tuple[int, ...]:
+    return tuple(math.prod(shape) for shape in unit.param_shapes().values())
+
+
+def formula_setups(units: list[Run], ranks: int, precision: str, reduction: str, optimizer: str, bucket_elems: int):
+    """Yield ``(stage, formulas.Setup)`` for a model of these units trained as these settings say, at every stage.
+
+    ``units``: the model's units as runs of alike ones (an entry's ``unit_runs``), so no size takes long.
+    """
     states = len(OPTIMIZERS[optimizer](lr=1.0).state_names)
     param_bytes = PRECISIONS[precision].param_dtype.itemsize
     wire_bytes = REDUCTIONS[reduction].wire_dtype.itemsize
     for stage in STAGES:
-        groups = make_groups(model, stage, bucket_elems)
-        numels = tuple(sum(math.prod(shapes[n]) for n in names) for names in groups)
-        yield stage, formulas.Setup(numels, ranks, stage, param_bytes, wire_bytes, states)
+        groups = group_runs(units, stage, bucket_elems)
+        numels, counts = tuple(sum(g.tensors) for g in groups), tuple(g.count for g in groups)
+        yield stage, formulas.Setup(numels, ranks, stage, param_bytes, wire_bytes, states, group_counts=counts)

@@ -12,7 +12,7 @@ round. Nothing per micro-batch is kept until the step ends. If the engine's
 scale prediction fails, the step runs again on the same micro-batches.
 
 The single-rank counterpart is ``reference_step``: the same unit calls on the
-same micro-batches, without MPI.
+same micro-batches, without MPI, and the reference's own ``contribution``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from mpi4py import MPI
 from mpizero.comm import agree
 from mpizero.core.partition import split_evenly
 from mpizero.core.precision import LossScaler, Precision
+from mpizero.core.reference import contribution
 from mpizero.core.stages import groups_by_unit
 from mpizero.training.model import forward_backward, param_shapes, unit_names
 
@@ -161,6 +162,8 @@ class Trainer:
             for g in self.groups_of_unit[u]:
                 if self.last_unit_of_group[g] == u:
                     self._hand_in(g, grads if batch is not None else None, last_round)
+                    for name in self.engine.groups[g].layout.names:  # handed in: no rank keeps the whole gradient
+                        grads.pop(name, None)
         return loss
 
     def _hand_in(self, group: int, grads: dict | None, last_round: bool) -> None:
@@ -197,7 +200,7 @@ def reference_step(model, reference, micro_batches: Sequence, precision: Precisi
     contributions, losses = [], []
     for x, y in micro_batches:
         loss, grads = forward_backward(model, params, x, y, scale)
-        contributions.append(as_contribution(grads, precision, scale))
+        contributions.append(contribution(grads, precision.grad_dtype, scale))
         losses.append(loss)
     updated = reference.step(contributions)
     if scaler is not None:

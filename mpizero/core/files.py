@@ -1,0 +1,151 @@
+"""Output files: written whole or not at all, never over an input, another output, or something not a file.
+
+``write`` is the one way mpizero writes an output file (``--save-params``,
+``--memory-json``, consolidate's ``.npz``, plots, checkpoint manifests): into
+a temporary file beside the target, fsynced, then renamed into place, so a
+reader sees the old file or the new one, never a part. ``output_problems``,
+``directory_problems`` and ``space_problems`` are the checks made before any
+work, each problem one line naming the flag and the path.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from collections.abc import Callable
+from typing import BinaryIO
+
+from mpizero.core.errors import ZeroError
+
+SYSTEM_TREES = ("/proc", "/sys", "/dev")  # kernel interfaces and devices: never a place for mpizero's output
+
+
+class OutputError(ZeroError):
+    """An output that must not be written: not a regular file, or gone from under us."""
+
+
+def write(path: str, fill: Callable[[BinaryIO], None]) -> None:
+    """Write ``path`` atomically: ``fill(f)`` writes a temporary file beside it, which is fsynced and renamed."""
+    problem = _not_a_regular_file(path)
+    if problem:
+        raise OutputError(f"{path} {problem}: refusing to replace it")
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(3)}"
+    try:
+        with open(tmp, "xb") as f:
+            fill(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):  # the write failed part-way: leave nothing behind
+            os.unlink(tmp)
+        raise
+    fsync_directory(folder)
+
+
+def fsync_directory(path: str) -> None:
+    """Make a rename inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _not_a_regular_file(path: str) -> str | None:
+    """What ``path`` is if it exists and is not a regular file (a directory, a device, a FIFO), else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kinds = {stat.S_ISDIR: "a directory", stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device"}
+    kinds.update({stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket"})
+    return "is " + next((name for test, name in kinds.items() if test(mode)), "not a regular file") + ", not a file"
+
+
+def _in_system_tree(path: str) -> str | None:
+    real = os.path.realpath(path)
+    return next((tree for tree in SYSTEM_TREES if real == tree or real.startswith(tree + "/")), None)
+
+
+def _inside(path: str, folder: str) -> bool:
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def output_problems(outputs: dict[str, str], inputs: dict[str, str]) -> list[str]:
+    """Why the output files ``{flag: path}`` could not be written, or would clobber an input or each other.
+
+    ``inputs`` (``{flag: path}``): files or checkpoint directories the command reads; an output may be
+    neither one of them nor inside one.
+    """
+    problems = [p for flag, path in outputs.items() if (p := _output_problem(flag, path))]
+    for flag, path in outputs.items():
+        for in_flag, source in inputs.items():
+            if _inside(path, source):
+                where = "is" if os.path.realpath(path) == os.path.realpath(source) else "lies inside"
+                problems.append(f"{flag} {path} {where} the input {in_flag} {source}: it would be overwritten")
+    named = list(outputs.items())
+    for i, (flag, path) in enumerate(named):
+        for other_flag, other in named[i + 1 :]:
+            if os.path.realpath(path) == os.path.realpath(other):
+                problems.append(
+                    f"{flag} {path} and {other_flag} {other} are the same file: one would replace the other"
+                )
+    return problems
+
+
+def _output_problem(flag: str, path: str) -> str | None:
+    tree = _in_system_tree(path)
+    if tree:
+        return f"{flag} {path} is under {tree}: not a place for output"
+    kind = _not_a_regular_file(path)
+    if kind:
+        return f"{flag} {path} {kind}"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"{flag} {path}: directory {folder} does not exist"
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return f"{flag} {path} is not writable"
+    return None
+
+
+def directory_problems(flag: str, path: str) -> list[str]:
+    """Why ``path`` could not be (or be made) a writable directory for output."""
+    tree = _in_system_tree(path)
+    if tree:
+        return [f"{flag} {path} is under {tree}: not a place for output"]
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        what = "is" if existing == os.path.abspath(path) else f"lies under {existing}, which is"
+        return [f"{flag} {path} {what} a file, not a directory"]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [f"{flag} {path}: {existing} is not writable"]
+    return []
+
+
+def space_problems(needs: dict[str, tuple[str, int]]) -> list[str]:
+    """Whether each file system has room for what will be written on it: ``{flag: (path, bytes)}``."""
+    by_device: dict[int, tuple[list[str], int, int]] = {}
+    for flag, (path, nbytes) in needs.items():
+        existing = os.path.abspath(path)
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        info = os.statvfs(existing)
+        flags, total, _ = by_device.get(os.stat(existing).st_dev, ([], 0, 0))
+        by_device[os.stat(existing).st_dev] = (
+            [*flags, f"{flag} {path}"],
+            total + nbytes,
+            info.f_bavail * info.f_frsize,
+        )
+    return [
+        f"not enough free space for {' and '.join(flags)}: about {total:,} bytes needed, {free:,} free"
+        for flags, total, free in by_device.values()
+        if total > free
+    ]

@@ -1,0 +1,61 @@
+"""Make one rank's flat groups from an initializer, agreed by every rank; and digests of what the ranks hold.
+
+A rank asks ``fill`` only for what it holds (``FlatGroup``), so at stage 3 the
+set-up holds only shards: the param shard, the master shard, the grad shard and
+the optimizer state shards of every group, and one tensor piece from ``fill`` at
+a time. A ``fill`` that breaks its contract, or an allocation that fails, on any
+rank becomes the same error on every rank.
+"""
+
+from __future__ import annotations
+
+from mpi4py import MPI
+
+from mpizero.comm import agree
+from mpizero.core import digest, init
+from mpizero.core.arrays import device_module
+from mpizero.core.group import FlatGroup
+from mpizero.core.layout import FlatLayout
+from mpizero.core.partition import Partition
+from mpizero.core.stages import ShardPlan, sharding
+
+
+def build_groups(source: init.ShardedInit, group_names, config, optimizer, collectives) -> list[FlatGroup]:
+    """Every group's buffers on this rank, in group order (collective: the outcome is agreed)."""
+    comm = collectives.comm
+    xp, rank, size = device_module(source.device), comm.Get_rank(), comm.Get_size()
+    fill, groups, problem = init.checked_fill(source, xp), [], None
+    try:
+        for names in group_names:
+            layout = FlatLayout.from_shapes({n: source.shapes[n] for n in names})
+            plan = ShardPlan(sharding(config.stage), Partition(layout.numel, size, config.align), rank)
+            group = FlatGroup(layout, plan, xp, config.param_dtype, fill)
+            group.init_optimizer(optimizer.state_names)
+            groups.append(group)
+    except init.FillError as error:
+        problem = str(error)
+    except MemoryError as error:
+        held = sum(sum(group.memory().values()) for group in groups)
+        problem = f"out of memory making group {len(groups)} of {len(group_names)}, holding {held} bytes ({error})"
+    if problem is not None:
+        groups.clear()  # free what was made before agreeing
+    agree.raise_if_any(collectives, problem, "bad initial values")
+    return groups
+
+
+def agree_held_params(groups: list[FlatGroup], collectives) -> None:
+    """Where every rank holds the full params (stages 0-2) and ``fill`` made them on every rank, agree that every
+    rank holds the same; at stage 3 each element was made once, by its owner, so there is nothing to agree."""
+    if groups[0].plan.gathers_params:
+        return
+    held = [(s.name, 0, g.full_params[s.offset : s.stop]) for g in groups for s in g.layout.specs]
+    fields = {"the initial parameter values fill made": digest.combine([digest.partial(held)])}
+    agree.raise_unless_equal(collectives, fields)
+
+
+def master_digest(groups: list[FlatGroup], collectives) -> str:
+    """The digest of the fp32 master params, each rank digesting its shard (collective; the same at any world
+    size, stage or grouping: ``digest``)."""
+    pieces = [piece for g in groups for piece in g.state_pieces(*g.plan.shard_range)]
+    mine = digest.partial((piece.spec.name, piece.start, piece.arrays["master"]) for piece in pieces)
+    return digest.combine([collectives.allreduce_array(mine, MPI.SUM, "the master digest")])

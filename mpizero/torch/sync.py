@@ -1,0 +1,104 @@
+"""Every collective the PyTorch bridge starts is announced first, so ranks that do different things find out.
+
+Glossary:
+
+- operation: what a rank is about to do collectively (``Operation``): gather a
+  group's parameters for a forward or backward at stage 3, take a step, read or
+  load a state dict, ...
+- announcement: one small all-reduce, the same size whatever the operation,
+  made before the operation's own collectives. When every rank announces the
+  same operation on the same group, it goes ahead. When ranks differ (one calls
+  ``step()`` while the others still gather for a forward), every rank learns so
+  from the same announcement and raises the same error, naming what each rank
+  did and the fix; no rank is left waiting in a mismatched collective.
+- joined: a rank that has left ``join()`` (DDP's ``Join``): it has no more
+  backward passes this step, and it takes part in the gathers of the ranks that
+  still have, until every rank has joined.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+from mpi4py import MPI
+
+from mpizero.core.errors import ZeroError
+
+NOTHING = -(1 << 40)  # what a joined rank announces in the fields it has no value for (below any real one)
+
+
+class Operation(enum.IntEnum):
+    """Collective operations of the bridge, as announced."""
+
+    JOINED = 0
+    GATHER = 1
+    STEP = 2
+    CLIP = 3
+    STATE_DICT = 4
+    LOAD_STATE_DICT = 5
+    GATHERED = 6
+    SAVE = 7
+    LOAD = 8
+    MASTER_PARAMS = 9
+
+
+DESCRIBED = {
+    Operation.JOINED: "left zero.join() (no more backward passes this step)",
+    Operation.GATHER: "gathered parameters for a forward or backward",
+    Operation.STEP: "called step()",
+    Operation.CLIP: "called clip_grad_norm_()",
+    Operation.STATE_DICT: "called state_dict()",
+    Operation.LOAD_STATE_DICT: "called load_state_dict()",
+    Operation.GATHERED: "entered gathered()",
+    Operation.SAVE: "called save()",
+    Operation.LOAD: "called load()",
+    Operation.MASTER_PARAMS: "called master_params()",
+}
+
+
+class Announcer:
+    """Announce each collective operation to every rank; check they match; serve joined ranks' shadow gathers."""
+
+    def __init__(self, collectives) -> None:
+        self.collectives = collectives
+
+    def announce(self, operation: Operation, detail: int = 0) -> None:
+        """Announce ``operation`` (on group ``detail``) to every rank; raise on every rank if ranks differ."""
+        self._exchange(operation, detail)
+
+    def _exchange(self, operation: Operation, detail: int) -> tuple[bool, Operation | None, int]:
+        """One announcement: (any rank joined, the active ranks' operation or None if all joined, its detail)."""
+        active = operation is not Operation.JOINED
+        mine = [int(operation), -int(operation), detail, -detail] if active else [NOTHING] * 4
+        row = np.array([not active, *mine], dtype=np.int64)
+        any_joined, high, low, detail_high, detail_low = self.collectives.allreduce_array(
+            row, MPI.MAX, "announcement of the next collective operation"
+        ).tolist()
+        if high == NOTHING:
+            return True, None, 0
+        if high != -low or detail_high != -detail_low or (any_joined and high != Operation.GATHER):
+            self._raise_mismatch(operation, detail)
+        return bool(any_joined), Operation(high), detail_high
+
+    def _raise_mismatch(self, operation: Operation, detail: int) -> None:
+        """Name what every rank announced; raise the same error on every rank."""
+        everyone = self.collectives.allgather_object((int(operation), detail), "the announced operations")
+        by_what: dict[str, list[int]] = {}
+        for rank, (op, group) in enumerate(everyone):
+            what = DESCRIBED[Operation(op)] + (f" (group {group})" if op == Operation.GATHER else "")
+            by_what.setdefault(what, []).append(rank)
+        seen = "; ".join(f"ranks {ranks} {what}" for what, ranks in by_what.items())
+        raise ZeroError(
+            f"ranks started different collective operations: {seen}. Every rank must make the same calls in the "
+            "same order; where ranks run different numbers of forward and backward passes in a step, run them "
+            "inside `with zero.join():` (or step(closure), which does), and call step() on every rank after it"
+        )
+
+    def serve_joined(self, shadow_gather) -> None:
+        """As a joined rank: take part in the other ranks' gathers (``shadow_gather(group)``) until all joined."""
+        while True:
+            _, operation, group = self._exchange(Operation.JOINED, 0)
+            if operation is None:
+                return
+            shadow_gather(group)

@@ -1,0 +1,45 @@
+"""Engines built from a ShardedInit under real mpiexec at 1-4 ranks: identity, agreed errors, set-up memory."""
+
+import json
+
+import pytest
+from mpirun import WORLD_SIZES, run_mpi_ok
+
+CHECKS = ["-m", "mpi4py", "tests/mpi/check_sharded_init.py"]
+MEMORY = ["-m", "mpi4py", "tests/mpi/setup_memory.py"]
+
+
+@pytest.fixture(scope="module")
+def outputs():
+    return {n: run_mpi_ok(n, CHECKS) for n in WORLD_SIZES}
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_sharded_init_checks_pass(outputs, n):
+    assert outputs[n].endswith("sharded init checks ok\n")
+
+
+def test_initial_and_trained_digests_equal_at_every_world_size_and_stage(outputs):
+    lines = {n: [line for line in out.splitlines() if line.startswith("stage ")] for n, out in outputs.items()}
+    assert len(lines[1]) == 4
+    assert all(found == lines[1] for found in lines.values()), lines
+    assert len({line.split(" ", 2)[2] for line in lines[1]}) == 1  # the same values at every stage
+
+
+def setup_growth(n: int, source: str) -> list[dict]:
+    out = run_mpi_ok(n, [*MEMORY, source])
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_set_up_at_stage_3_holds_about_one_nth_of_the_model():
+    """Peak RSS growth during set-up under a ShardedInit: what the engine holds (param, grad, master and Adam
+    shards: 20 bytes per parameter over n), plus one tensor piece from fill; from full arrays, the whole model more."""
+    alone, sharded, arrays = setup_growth(1, "sharded"), setup_growth(4, "sharded"), setup_growth(4, "arrays")
+    model = alone[0]["model_bytes"]  # fp32 params of the whole model
+    piece, slack = model / 16, 8 << 20
+    for row in sharded:
+        assert sum(row["engine"].values()) == 5 * model / 4, row
+        assert row["growth"] < 5 * model / 4 + piece + slack, row
+    assert alone[0]["growth"] > 3 * max(row["growth"] for row in sharded), (alone, sharded)
+    for row in arrays:
+        assert row["growth"] > model + min(r["growth"] for r in sharded) * 0.9, (row, sharded)  # the caller's arrays
