@@ -35,17 +35,27 @@ def test_the_test_extra_brings_no_torch_but_the_docs_tools():
     assert "torch" not in names and {"mkdocs", "mkdocstrings", "pytest"} <= names, names
 
 
+HIDE_TORCH = "import sys; sys.modules['torch'] = None; import pytest; sys.exit(pytest.main(sys.argv[1:]))"
+
+
+def without_torch(*args: str) -> subprocess.CompletedProcess:
+    """Run pytest with ``import torch`` failing, as on a machine without torch."""
+    command = [sys.executable, "-c", HIDE_TORCH, "-p", "no:cacheprovider", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_every_test_module_imports_without_torch():
+    done = without_torch("-q", "--collect-only")
+    assert done.returncode == 0 and " error" not in done.stdout, done.stdout[-3000:] + done.stderr
+
+
 def test_the_torch_tests_skip_and_say_why_without_torch():
-    hide_torch = "import sys; sys.modules['torch'] = None; import pytest; sys.exit(pytest.main(sys.argv[1:]))"
-    done = subprocess.run(
-        [sys.executable, "-c", hide_torch, "-q", "-rs", "-p", "no:cacheprovider", "tests/test_torch.py"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    torch_files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_torch*.py"))
+    done = without_torch("-q", "-rs", *torch_files)
     assert done.returncode in (0, 5), done.stdout + done.stderr  # 5: every test skipped, none collected
-    assert "SKIPPED" in done.stdout and "mpizero.torch needs torch" in done.stdout, done.stdout
+    for name in torch_files:
+        assert f"SKIPPED [1] {name}" in done.stdout, done.stdout
+    assert done.stdout.count("mpizero.torch needs torch") == len(torch_files), done.stdout
 
 
 def test_ci_installs_cpu_torch_first_builds_the_docs_and_ends_with_the_readme_test_command():
