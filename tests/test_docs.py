@@ -6,6 +6,7 @@ MPI run under ``tests/mpirun.py``'s mpiexec with a timeout.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -84,6 +85,8 @@ def test_measured_tables_are_the_recorded_results(block):
 
 @pytest.mark.parametrize("block", of_kind("run"))
 def test_python_blocks_run(block, tmp_path):
+    if re.search(r"^(import|from) torch", block.text, re.M) and importlib.util.find_spec("torch") is None:
+        pytest.skip(f"{block.where} needs torch: install the CPU build of torch (docs/getting-started.md)")
     script = tmp_path / "block.py"
     script.write_text(block.text)
     ranks = int(block.argument or 1)
