@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 from mpizero.comm.launcher import python_under_mpiexec
+from mpizero.progress import progress
 
 RANKS = 2
 
@@ -79,11 +80,10 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{args.label}: transformer 12.7M, {RANKS} ranks, global batch 32, mean of steps 2-{args.steps}")
     print(f"{'stage':>5} {'accumulate':>10} {'mb/rank':>7} {'step ms':>8} {'RSS MiB':>8}")
-    for stage in args.stages:
-        for accumulate in args.accumulate:
-            for per_rank in args.per_rank:
-                ms, rss = run(args.code, stage, per_rank, args.steps, accumulate)
-                print(f"{stage:>5} {accumulate or 'default':>10} {per_rank:>7} {ms:>8.1f} {rss:>8.1f}", flush=True)
+    configs = [(s, a, p) for s in args.stages for a in args.accumulate for p in args.per_rank]
+    for stage, accumulate, per_rank in progress(configs, "bench_accumulation runs"):  # stderr, every 5 s
+        ms, rss = run(args.code, stage, per_rank, args.steps, accumulate)
+        print(f"{stage:>5} {accumulate or 'default':>10} {per_rank:>7} {ms:>8.1f} {rss:>8.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from pathlib import Path
 from mpizero.comm.launcher import python_under_mpiexec
 from mpizero.core import formulas
 from mpizero.core.memory import format_bytes
+from mpizero.progress import progress
 from mpizero.training.model import param_shapes
 from mpizero.training.registry import Size, entry, formula_setups
 from mpizero.training.trainer import DEFAULT_BUCKET_ELEMS
@@ -85,7 +86,7 @@ def worker(args) -> None:
     setup_s, setup_rss = time.perf_counter() - start, peak_rss_bytes()
     trainer = Trainer(model, engine, PRECISIONS["fp32"])
     losses, start = [], time.perf_counter()
-    for step in range(1, args.steps + 1):
+    for step in progress(range(1, args.steps + 1), "bench_bigmodel steps", show=comm.Get_rank() == 0):  # stderr
         batch = lambda m, step=step: spec.micro_batch(data, args.seed, step, m, args.batch, args.micro_batches)  # noqa: E731
         losses.append(trainer.step(batch, args.micro_batches).loss)
     row = {
@@ -116,15 +117,19 @@ def vm_bytes(field: str) -> int:
     return next((int(line.split()[1]) * 1024 for line in lines if line.startswith(f"{field}:")), 0)
 
 
-def run(args, ranks: int) -> subprocess.CompletedProcess:
-    """The worker under ``mpiexec -n ranks``, each rank capped at ``--cap-mib``."""
+def run(args, ranks: int, read_stderr: bool) -> subprocess.CompletedProcess:
+    """The worker under ``mpiexec -n ranks``, each rank capped at ``--cap-mib``; stderr read, or left to the
+    terminal (for the worker's progress lines)."""
     command = python_under_mpiexec(
         ranks, "-m", "mpi4py", str(CAPPED), str(args.cap_mib), str(Path(__file__).resolve()), "--worker"
     )
     for flag in ("model", "width", "layers", "heads", "block_size", "steps", "micro_batches", "batch", "seed"):
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, env=env, cwd=ROOT)
+    stderr = subprocess.PIPE if read_stderr else None
+    return subprocess.run(
+        command, stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=args.timeout, env=env, cwd=ROOT
+    )
 
 
 def predicted(model, ranks: int) -> dict[str, int]:
@@ -151,16 +156,16 @@ def main() -> None:
     )
     print(f"fp32 params + Adam state of the whole model: {format_bytes(16 * numel)} (what one rank would need)")
     start = time.perf_counter()
-    alone = run(args, 1)
+    alone = run(args, 1, read_stderr=True)  # its out-of-memory message is shown below
     failed = alone.returncode != 0 and "out of memory" in alone.stderr
     message = next((line for line in alone.stderr.splitlines() if "out of memory" in line), alone.stderr[-300:])
     print(
         f"-n 1 under the cap: {'fails' if failed else 'DID NOT FAIL'} ({time.perf_counter() - start:.0f} s): {message}"
     )
     start = time.perf_counter()
-    done = run(args, args.ranks)
+    done = run(args, args.ranks, read_stderr=False)
     if done.returncode != 0:
-        sys.exit(f"-n {args.ranks} failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr[-3000:]}")
+        sys.exit(f"-n {args.ranks} failed (exit {done.returncode}); its error output is above:\n{done.stdout}")
     rows = sorted(
         (json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")), key=lambda r: r["rank"]
     )

@@ -20,6 +20,7 @@ from mpizero.comm.paths import ENV_VAR
 from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
 from mpizero.core.layout import FlatLayout
 from mpizero.core.reduction import REDUCTIONS
+from mpizero.progress import progress
 
 
 def median_seconds(comm, fn, repeat: int) -> float:
@@ -100,7 +101,8 @@ def main() -> None:
     one_call_coll = Collectives(comm)
     os.environ[ENV_VAR] = "auto"  # what the engine does
     coll = Collectives(comm)
-    rows = [row for mib in args.sizes_mib for row in measure(comm, coll, one_call_coll, mib, args.repeat)]
+    sizes = progress(args.sizes_mib, "bench_collectives sizes", show=comm.Get_rank() == 0)  # stderr, every 5 s
+    rows = [row for mib in sizes for row in measure(comm, coll, one_call_coll, mib, args.repeat)]
     if comm.Get_rank() == 0:
         print(f"ranks {comm.Get_size()}, median of {args.repeat}, float32 buffer sizes")
         print(f"{'MiB':>5}  {'path':<42} {'seconds':>9} {'GiB/s f32':>9} {'x raw':>6}")

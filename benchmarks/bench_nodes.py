@@ -113,13 +113,14 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from cluster.nodes import nodes
 
+    from mpizero.progress import progress
+
     rows = []
     with nodes(2) as cluster:
         if args.rate != "none":
             cluster.cap(args.rate)
-        for stage in args.stages:
-            for path in PATHS:
-                rows.append((stage, run_config(cluster, args, stage, path)))
+        for stage, path in progress([(s, p) for s in args.stages for p in PATHS], "bench_nodes configurations"):
+            rows.append((stage, run_config(cluster, args, stage, path)))
     print(
         f"transformer width {args.width}, {args.layers} layers, {rows[0][1]['params']:,} parameters, exact reduction; "
         f"2 nodes x {args.per_node} ranks, links capped at {args.rate}, MPI over TCP between nodes; "

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from mpizero.comm.launcher import python_under_mpiexec
+from mpizero.progress import progress
 
 HERE = Path(__file__).resolve()
 CONFIGS = [
@@ -83,7 +84,8 @@ def current_rss() -> int:
 
 def timed_steps(args, comm_barrier, step_fn) -> list[float]:
     times = []
-    for step in range(1, args.steps + 1):
+    rank0 = int(os.environ.get("PMI_RANK", "0")) == 0
+    for step in progress(range(1, args.steps + 1), args.worker, show=rank0):  # stderr, every 5 s
         comm_barrier()
         start = time.perf_counter()
         step_fn(step)
@@ -226,9 +228,10 @@ def run_config(args, config: str) -> dict:
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": "29517",
     }
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1200, env=env)
+    # stdout carries the result; stderr is left to the terminal, for the worker's progress lines
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=1200, env=env)
     if done.returncode != 0:
-        raise SystemExit(f"{config} failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"{config} failed (exit {done.returncode}); its error output is above")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -245,7 +248,7 @@ def main() -> None:
     from threadpoolctl import threadpool_info
 
     blas = {i.get("internal_api") for i in threadpool_info()}
-    rows = {config: run_config(args, config) for config in args.configs}
+    rows = {config: run_config(args, config) for config in progress(args.configs, "bench_peers configurations")}
     params = args.layers * (args.width * args.width + args.width)
     print(
         f"{args.layers}-layer {args.width}x{args.width} ReLU MLP ({params:,} parameters), Adam, global batch "

@@ -153,7 +153,9 @@ def main() -> None:
     args = parse()
     if args.worker:
         return worker(args)
-    rows = [row for ranks in args.ranks for row in run(ranks, args)]
+    from mpizero.progress import progress
+
+    rows = [row for ranks in progress(args.ranks, "bench_scale world sizes") for row in run(ranks, args)]
     print_table(rows, args)
 
 

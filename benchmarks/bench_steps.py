@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from mpizero.comm.launcher import python_under_mpiexec
+from mpizero.progress import progress
 
 HERE = Path(__file__).resolve()
 
@@ -83,7 +84,8 @@ def worker(args) -> None:
     )
     trainer = Trainer(model, engine, precision)
     times = []
-    for step in range(1, args.steps + 1):
+    what = f"stage {args.stage}, {args.precision}, {args.reduction}, width {args.width}"
+    for step in progress(range(1, args.steps + 1), what, show=comm.Get_rank() == 0):  # stderr, every 5 s
         comm.Barrier()
         start = time.perf_counter()
         trainer.step(lambda m, step=step: batch(step, m), args.micro_batches)
@@ -102,7 +104,9 @@ def run_config(args, stage: int, precision: str, reduction: str, overlap: str) -
     command += ["--global-batch", str(args.global_batch), "--micro-batches", str(args.micro_batches)]
     command += ["--steps", str(args.steps)] + (["--no-overlap"] if overlap == "off" else [])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, check=True)
+    done = subprocess.run(
+        command, stdout=subprocess.PIPE, text=True, timeout=900, env=env, check=True
+    )  # stderr: progress
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -111,13 +115,13 @@ def main() -> None:
     if args.worker:
         return worker(args)
     rows = []
-    for width in args.widths or [args.width]:
+    configs = list(
+        itertools.product(args.widths or [args.width], args.precisions, args.reductions, args.overlap, args.stages)
+    )
+    for width, precision, reduction, overlap, stage in progress(configs, "bench_steps configurations"):
         args.width = width
-        for precision, reduction, overlap, stage in itertools.product(
-            args.precisions, args.reductions, args.overlap, args.stages
-        ):
-            row = run_config(args, stage, precision, reduction, overlap)
-            rows.append((width, precision, reduction, overlap, stage, row))
+        row = run_config(args, stage, precision, reduction, overlap)
+        rows.append((width, precision, reduction, overlap, stage, row))
     print(
         f"{args.model}, {args.layers} layers, {args.ranks} ranks, global batch {args.global_batch} in "
         f"{args.micro_batches} micro-batches, median of {args.steps - 2} steps after 2 warm-up"

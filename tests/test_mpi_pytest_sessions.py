@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from docblocks import named
 from mpirun import ROOT, WORLD_SIZES, run_mpi
 
 SESSION = ["-m", "pytest", "--with-mpi", "-m", "mpi", "-q", "-p", "no:cacheprovider"]
@@ -55,14 +56,9 @@ def test_plain_pytest_skips_them_and_says_how_to_run_them():
     assert "failing" not in done.stdout, "the deliberate failures must stay out of normal collection"
 
 
-def readme_block(marker: str) -> str:
-    readme = (ROOT / "README.md").read_text()
-    return re.search(rf"<!-- {marker} -->\n```python\n(.*?)```", readme, re.S).group(1)
-
-
 def test_readme_testing_example_runs_as_shown(tmp_path):
-    (tmp_path / "conftest.py").write_text(readme_block("testing-conftest"))
-    (tmp_path / "test_my_engine.py").write_text(readme_block("testing-example"))
+    (tmp_path / "conftest.py").write_text(named("testing-conftest"))
+    (tmp_path / "test_my_engine.py").write_text(named("testing-example"))
     done = run_mpi(3, [*SESSION, str(tmp_path)], timeout=120, env=ENV)
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     assert re.findall(r"(\d+) passed", done.stdout) == ["1"], done.stdout

@@ -26,6 +26,7 @@ from mpizero.core.memory import format_bytes, peak_rss_bytes
 from mpizero.core.optim import OPTIMIZERS
 from mpizero.core.precision import PRECISIONS
 from mpizero.core.stages import reduce_scatters
+from mpizero.progress import progress
 from mpizero.training.model import param_shapes
 from mpizero.training.registry import Size, entry
 from mpizero.training.trainer import Trainer, make_groups
@@ -163,7 +164,7 @@ def run(args, comm) -> int:
             f"{args.precision}, {args.reduction} reduction; {engine.collectives.paths.describe()}",
             flush=True,
         )
-    for step in range(first_step, args.steps + 1):
+    for step in progress(range(first_step, args.steps + 1), "train", show=rank0):  # stderr, every 5 s
         faults.maybe_kill("step", step, comm.Get_rank())
         engine.collectives.traffic.clear()
         start = time.perf_counter()
