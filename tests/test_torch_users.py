@@ -29,6 +29,11 @@ TOLERANCE = {"autocast": 2e-3}  # bfloat16 matmuls: the two orders of float32 ad
 NOISE_ONLY = {("batchnorm", "0.bias"): STEPS * 1e-2, ("batchnorm", "1.running_mean"): STEPS * 1e-2}
 
 
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="the GPT-2 case needs transformers: pip install transformers")
+def test_a_widely_used_librarys_model_is_among_them():
+    assert "gpt2" in KINDS
+
+
 @pytest.fixture(scope="module")
 def digests():
     return {}
