@@ -41,7 +41,7 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=18)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--block-size", type=int, default=32)
-    parser.add_argument("--cap-mib", type=int, default=4096, help="address space per rank (RLIMIT_AS), MiB")
+    parser.add_argument("--cap-mib", type=int, default=4608, help="address space per rank (RLIMIT_AS), MiB")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step, all ranks")
     parser.add_argument("--batch", type=int, default=1, help="samples per micro-batch")
@@ -127,10 +127,11 @@ def run(args, ranks: int) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, env=env, cwd=ROOT)
 
 
-def predicted(model, ranks: int) -> dict[str, int]:
+def predicted(spec, data, ranks: int) -> dict[str, int]:
     """The estimator's bytes per rank at stage 3: states held between steps, and the peak with two gathered units
     (the trainer prefetches the next) and the shared arena of the largest unit's gradients."""
-    setup = dict(formula_setups(model, ranks, "fp32", "exact", "adamw", DEFAULT_BUCKET_ELEMS))[STAGE]
+    units = spec.unit_runs(data)
+    setup = dict(formula_setups(units, ranks, "fp32", "exact", "adamw", DEFAULT_BUCKET_ELEMS))[STAGE]
     setup = dataclasses.replace(setup, shared_arena=True)
     held = formulas.engine_bytes(setup)
     states = sum(held[k] for k in ("params", "grads", "master", "optimizer"))
@@ -142,7 +143,7 @@ def main() -> None:
     args = parse()
     if args.worker:
         return worker(args)
-    _, _, model = model_of(args)
+    spec, data, model = model_of(args)
     numel = sum(math.prod(s) for s in param_shapes(model).values())
     cap = args.cap_mib * 2**20
     print(
@@ -164,7 +165,7 @@ def main() -> None:
     rows = sorted(
         (json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")), key=lambda r: r["rank"]
     )
-    guess = predicted(model, args.ranks)
+    guess = predicted(spec, data, args.ranks)
     print(f"-n {args.ranks} under the cap: trained {args.steps} steps in {time.perf_counter() - start:.0f} s")
     header = (
         "rank",
