@@ -1,7 +1,7 @@
 """A model that no single rank can hold, trained at stage 3 on 4 ranks: peak RSS per rank beside the estimator.
 
 Run: python benchmarks/bench_bigmodel.py   (0.5B parameters: minutes, about 12 GiB over 4 ranks)
-     python benchmarks/bench_bigmodel.py --model mlp --width 1536 --layers 12 --cap-mib 640   (the test's size)
+     python benchmarks/bench_bigmodel.py --model mlp --width 2048 --layers 12 --cap-mib 896   (the test's size)
 Every rank's address space is capped (tests/mpi/capped.py sets RLIMIT_AS) below
 what one rank needs for the model's fp32 parameters and Adam state. The model is
 built from a ShardedInit (``philox_normal``), so no rank ever makes the whole
