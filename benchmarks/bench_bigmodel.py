@@ -23,6 +23,7 @@ from pathlib import Path
 
 from mpizero.comm.launcher import python_under_mpiexec
 from mpizero.core import formulas
+from mpizero.core.engine import IN_FLIGHT
 from mpizero.core.memory import format_bytes
 from mpizero.training.model import param_shapes
 from mpizero.training.registry import Size, entry, formula_setups
@@ -41,7 +42,7 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=18)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--block-size", type=int, default=32)
-    parser.add_argument("--cap-mib", type=int, default=4608, help="address space per rank (RLIMIT_AS), MiB")
+    parser.add_argument("--cap-mib", type=int, default=5632, help="address space per rank (RLIMIT_AS), MiB")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step, all ranks")
     parser.add_argument("--batch", type=int, default=1, help="samples per micro-batch")
@@ -128,15 +129,17 @@ def run(args, ranks: int) -> subprocess.CompletedProcess:
 
 
 def predicted(spec, data, ranks: int) -> dict[str, int]:
-    """The estimator's bytes per rank at stage 3: states held between steps, and the peak with two gathered units
-    (the trainer prefetches the next) and the shared arena of the largest unit's gradients."""
+    """The estimator's bytes per rank at stage 3: the states held between steps; and the engine's peak in a step,
+    which adds two gathered units (the trainer prefetches the next), the shared arena of the largest unit's
+    gradients, and the int64 grad-shard sums of the groups whose reduction is still open (``IN_FLIGHT`` + 1)."""
     units = spec.unit_runs(data)
     setup = dict(formula_setups(units, ranks, "fp32", "exact", "adamw", DEFAULT_BUCKET_ELEMS))[STAGE]
     setup = dataclasses.replace(setup, shared_arena=True)
     held = formulas.engine_bytes(setup)
     states = sum(held[k] for k in ("params", "grads", "master", "optimizer"))
-    largest = max(p.padded_numel for p in setup.partitions())
-    return {"states": states, "peak": states + held["comm"] + 2 * 4 * largest}
+    largest = max(setup.partitions(), key=lambda p: p.padded_numel)
+    in_step = 2 * 4 * largest.padded_numel + (IN_FLIGHT + 1) * setup.wire_bytes * largest.shard_numel
+    return {"states": states, "peak": states + held["comm"] + in_step}
 
 
 def main() -> None:
