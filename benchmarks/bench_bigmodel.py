@@ -1,7 +1,7 @@
 """A model that no single rank can hold, trained at stage 3 on 4 ranks: peak RSS per rank beside the estimator.
 
 Run: python benchmarks/bench_bigmodel.py   (0.5B parameters: minutes, about 12 GiB over 4 ranks)
-     python benchmarks/bench_bigmodel.py --model mlp --width 1536 --layers 12 --cap-mib 640   (the test's size)
+     python benchmarks/bench_bigmodel.py --model mlp --width 2048 --layers 12 --cap-mib 896   (the test's size)
 Every rank's address space is capped (tests/mpi/capped.py sets RLIMIT_AS) below
 what one rank needs for the model's fp32 parameters and Adam state. The model is
 built from a ShardedInit (``philox_normal``), so no rank ever makes the whole
@@ -23,6 +23,7 @@ from pathlib import Path
 
 from mpizero.comm.launcher import python_under_mpiexec
 from mpizero.core import formulas
+from mpizero.core.engine import IN_FLIGHT
 from mpizero.core.memory import format_bytes
 from mpizero.progress import progress
 from mpizero.training.model import param_shapes
@@ -42,7 +43,7 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=18)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--block-size", type=int, default=32)
-    parser.add_argument("--cap-mib", type=int, default=4096, help="address space per rank (RLIMIT_AS), MiB")
+    parser.add_argument("--cap-mib", type=int, default=5632, help="address space per rank (RLIMIT_AS), MiB")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step, all ranks")
     parser.add_argument("--batch", type=int, default=1, help="samples per micro-batch")
@@ -132,22 +133,25 @@ def run(args, ranks: int, read_stderr: bool) -> subprocess.CompletedProcess:
     )
 
 
-def predicted(model, ranks: int) -> dict[str, int]:
-    """The estimator's bytes per rank at stage 3: states held between steps, and the peak with two gathered units
-    (the trainer prefetches the next) and the shared arena of the largest unit's gradients."""
-    setup = dict(formula_setups(model, ranks, "fp32", "exact", "adamw", DEFAULT_BUCKET_ELEMS))[STAGE]
+def predicted(spec, data, ranks: int) -> dict[str, int]:
+    """The estimator's bytes per rank at stage 3: the states held between steps; and the engine's peak in a step,
+    which adds two gathered units (the trainer prefetches the next), the shared arena of the largest unit's
+    gradients, and the int64 grad-shard sums of the groups whose reduction is still open (``IN_FLIGHT`` + 1)."""
+    units = spec.unit_runs(data)
+    setup = dict(formula_setups(units, ranks, "fp32", "exact", "adamw", DEFAULT_BUCKET_ELEMS))[STAGE]
     setup = dataclasses.replace(setup, shared_arena=True)
     held = formulas.engine_bytes(setup)
     states = sum(held[k] for k in ("params", "grads", "master", "optimizer"))
-    largest = max(p.padded_numel for p in setup.partitions())
-    return {"states": states, "peak": states + held["comm"] + 2 * 4 * largest}
+    largest = max(setup.partitions(), key=lambda p: p.padded_numel)
+    in_step = 2 * 4 * largest.padded_numel + (IN_FLIGHT + 1) * setup.wire_bytes * largest.shard_numel
+    return {"states": states, "peak": states + held["comm"] + in_step}
 
 
 def main() -> None:
     args = parse()
     if args.worker:
         return worker(args)
-    _, _, model = model_of(args)
+    spec, data, model = model_of(args)
     numel = sum(math.prod(s) for s in param_shapes(model).values())
     cap = args.cap_mib * 2**20
     print(
@@ -169,7 +173,7 @@ def main() -> None:
     rows = sorted(
         (json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")), key=lambda r: r["rank"]
     )
-    guess = predicted(model, args.ranks)
+    guess = predicted(spec, data, args.ranks)
     print(f"-n {args.ranks} under the cap: trained {args.steps} steps in {time.perf_counter() - start:.0f} s")
     header = (
         "rank",

@@ -26,7 +26,8 @@ def layer_norm(x, gain, bias):
     centred = x - mean
     rstd = 1.0 / array_module(x).sqrt((centred * centred).mean(axis=-1, keepdims=True) + np.float32(LN_EPS))
     normed = centred * rstd
-    return normed * gain + bias, (normed, rstd, gain)
+    # the cache keeps a copy: a view of the gain would keep a stage 3 unit's whole gathered buffer alive until backward
+    return normed * gain + bias, (normed, rstd, gain.copy())
 
 
 def layer_norm_backward(dout, cache):
