@@ -45,8 +45,8 @@ MUTATIONS = {
     ),
     "padding of the parameters not zeroed": (
         "core/group.py",
-        "full = xp.zeros(self.partition.padded_numel, dtype=np.float32)",
-        "full = xp.full(self.partition.padded_numel, 0.5, dtype=np.float32)  # stale data in the padding",
+        "held = xp.zeros(held_stop - held_start, dtype=np.float32)  # the padding stays zero",
+        "held = xp.full(held_stop - held_start, 0.5, dtype=np.float32)  # stale data in the padding",
         3,
         ["--stage", "3"],
     ),
