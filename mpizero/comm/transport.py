@@ -53,10 +53,6 @@ class Transport:
         """Whether ``a`` is a host buffer, which the host-only paths (shared arena, pieces, two levels) take."""
         return not is_device_array(a)
 
-    def describe(self) -> str:
-        """What moves this job's buffers, for a header line."""
-        return "one rank: nothing moves" if self.local else f"{self.device} buffers"
-
     def start(self, op: str, collective, send, recv) -> Pending:
         """Start ``collective(send, recv)`` (a request, a Pending, or None) with the buffers where MPI can use them."""
         if self.local:
