@@ -1,7 +1,9 @@
 """The GPU path: CuPy arrays through every stage, staged or CUDA-aware, bitwise against a GPU reference.
 
-Skips cleanly without CuPy or a CUDA device (CI has neither). The staging logic
-itself is tested on the CPU in tests/mpi/check_engine.py with a stand-in device array.
+Skips cleanly without CuPy or a CUDA device (CI has neither). What can be tested on the CPU is:
+staging and the one-rank path with a stand-in device array (tests/test_staging.py,
+tests/mpi/check_transport.py), the order-free embedding backward (tests/test_scatter.py), the
+fused kernels' formulas (tests/test_fused.py). launch/gpu_check.sh runs this file and more on a GPU.
 """
 
 import os

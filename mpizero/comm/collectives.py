@@ -1,7 +1,8 @@
 """Reduce-scatter, all-gather and all-reduce on NumPy or CuPy buffers, blocking or not.
 
-Device buffers go straight to MPI when it is CUDA-aware (see ``cuda_aware``)
-and are staged through host memory otherwise. 2-byte floats (bfloat16,
+How each buffer travels is asked of one object, ``transport``: at one rank
+nothing moves; device buffers go straight to MPI when it is CUDA-aware (see
+``cuda_aware``) and are staged through host memory otherwise. 2-byte floats (bfloat16,
 float16), which MPI has no type for, travel as uint16: the bytes are the same.
 Every call is counted in a ``Traffic`` log, so communication volume is
 measured, not assumed; on several nodes, the bytes that leave the node are
@@ -28,10 +29,11 @@ from mpi4py import MPI
 
 from mpizero.comm import agree, cuda_aware, paths
 from mpizero.comm.hierarchical import TwoLevel
+from mpizero.comm.pending import Pending
 from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
 from mpizero.comm.shared import SHM_DIR, SharedArena, shm_has_room
+from mpizero.comm.transport import STAGING_ENV_VAR, Transport, requested_staging
 from mpizero.comm.watchdog import Watchdog
-from mpizero.core.arrays import array_module, is_device_array
 from mpizero.core.formulas import inter_node_bytes
 
 WIRE_VIEWS = {"bfloat16": np.uint16, "float16": np.uint16}
@@ -50,6 +52,7 @@ class Traffic:
     received: Counter = field(default_factory=Counter)
     seconds: Counter = field(default_factory=Counter)  # wall time blocked in the call (or its wait), not overlapped
     inter_node: Counter = field(default_factory=Counter)
+    staged: Counter = field(default_factory=Counter)  # bytes copied between device and host, both ways
 
     def record(self, op: str, full_bytes: int, world_size: int, nodes: int = 1, two_level: bool = False) -> None:
         """Count one call on a full (unsharded) buffer of ``full_bytes`` over ``nodes`` nodes."""
@@ -83,26 +86,8 @@ class Traffic:
             self.seconds[op] += time.perf_counter() - start
 
     def clear(self) -> None:
-        for counter in (self.calls, self.sent, self.received, self.seconds, self.inter_node):
+        for counter in (self.calls, self.sent, self.received, self.seconds, self.inter_node, self.staged):
             counter.clear()
-
-
-class Pending:
-    """A nonblocking collective in flight; ``wait`` completes it (and copies staged data back)."""
-
-    def __init__(self, request=None, finish=None, keep=()) -> None:
-        self.request, self.finish, self.keep = request, finish, keep  # keep: buffers MPI still reads
-        self.op, self.watchdog, self.traffic = "", None, None
-
-    def wait(self) -> None:
-        if self.request is not None:
-            with self.watchdog.waiting(self.op), self.traffic.timed(self.op):
-                self.request.Wait()
-            self.request = None
-        if self.finish is not None:
-            self.finish()
-            self.finish = None
-        self.keep = ()
 
 
 class Collectives:
@@ -117,16 +102,17 @@ class Collectives:
             self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.arenas: dict = {}  # key -> SharedArena; "bucket" is the one stages 2-3 share
         self.paths = self._settle_paths(on_device)
+        self.transport = Transport(self.paths.device, comm.Get_rank(), comm.Get_size(), self.traffic)
         self.levels = TwoLevel(comm, self.node, self.watchdog) if self.paths.two_level else None
 
     def _settle_paths(self, on_device: bool) -> paths.CommPaths:
-        asked = {v: os.environ.get(v) for v in (paths.ENV_VAR, cuda_aware.ENV_VAR)}
+        asked = {v: os.environ.get(v) for v in (paths.ENV_VAR, cuda_aware.ENV_VAR, STAGING_ENV_VAR)}
         agree.raise_unless_equal(self, {f"the environment's {v}": value for v, value in asked.items()})
         leader = self.node.Get_rank() == 0
         sizes = self.allgather_object(self.node.Get_size() if leader else 0, "the ranks per node")
         per_node = tuple(n for n in sizes if n)
         requested = paths.requested_reduce_scatter()
-        device = ("cuda-aware" if cuda_aware.cuda_aware() else "staged") if on_device else "host"
+        device = ("cuda-aware" if cuda_aware.cuda_aware() else requested_staging(os.environ)) if on_device else "host"
         library = " ".join(MPI.Get_library_version().splitlines()[0].split())
         path = paths.settle_reduce_scatter(requested, len(per_node), on_device, per_node)
         return paths.CommPaths(path, device, len(per_node), library)
@@ -225,7 +211,7 @@ class Collectives:
             return self._run("reduce_scatter", send.nbytes, self._two_level_reduce(arena), send, recv, True, True)
         if arena is not None:
             return self._run("reduce_scatter", send.nbytes, arena.reduce_scatter, send, recv, True)
-        if not is_device_array(send) and send.nbytes >= self.paths.pieces_from_bytes:
+        if self.transport.on_host(send) and send.nbytes >= self.paths.pieces_from_bytes:
             return self._run("reduce_scatter", send.nbytes, self._in_pieces, send, recv, True)
         call = self.comm.Reduce_scatter_block if blocking else self.comm.Ireduce_scatter_block
         return self._run("reduce_scatter", send.nbytes, lambda s, r: call(s, r, op=MPI.SUM), send, recv, blocking)
@@ -259,32 +245,17 @@ class Collectives:
         return Pending(request, finish, keep=(send, full))
 
     def _gathers_in_two_levels(self, recv) -> bool:
-        return self.paths.two_level and not is_device_array(recv)
+        return self.paths.two_level and self.transport.on_host(recv)
 
     def _run(self, op: str, full_bytes: int, collective, send, recv, blocking: bool, two_level=False) -> Pending:
         """Count the call, start ``collective(send, recv)`` on wire views, and wait if blocking."""
         self.traffic.record(op, full_bytes, self.comm.Get_size(), self.paths.nodes, two_level)
         with self.watchdog.waiting(op), self.traffic.timed(op):
-            pending = self._start(collective, _wire(send), _wire(recv))
+            pending = self.transport.start(op, collective, _wire(send), _wire(recv))
         pending.op, pending.watchdog, pending.traffic = op, self.watchdog, self.traffic
         if blocking:
             pending.wait()
         return pending
-
-    def _start(self, collective, send, recv) -> Pending:
-        """Start the call; the Pending holds its buffers, so none is freed while MPI may still use it."""
-        if not is_device_array(recv):
-            started = collective(send, recv)  # a request, or a Pending that finishes in more than one step
-            return started if isinstance(started, Pending) else Pending(started, keep=(send, recv))
-        if self.paths.device == "cuda-aware":
-            array_module(recv).cuda.get_current_stream().synchronize()
-            return Pending(collective(send, recv), keep=(send, recv))
-        staged_send = None if send is None else send.get()
-        staged_recv = np.empty(recv.shape, recv.dtype)
-        if send is None:
-            staged_recv[...] = recv.get()
-        request = collective(staged_send, staged_recv)
-        return Pending(request, lambda: recv.set(staged_recv), keep=(staged_send,))
 
 
 def _wire(a):

@@ -10,7 +10,9 @@
   default, picks ``shared`` on one host, ``two-level`` where it applies and
   ``mpi+pieces`` otherwise.
 - device: ``host`` (NumPy buffers), ``cuda-aware`` (device buffers straight to
-  MPI) or ``staged`` (through host memory); see ``cuda_aware``.
+  MPI), ``pinned`` (through page-locked host buffers in chunks, the default
+  when MPI is not CUDA-aware) or ``pageable`` (``MPIZERO_STAGING=pageable``:
+  through new host arrays); see ``cuda_aware`` and ``transport``.
 
 Ranks whose environments ask for different paths would make different
 collectives and hang, so the choice is part of what ranks agree on at set-up.

@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from mpizero.core import fused
 from mpizero.core.arrays import CHUNK, array_module
 
 SUM_BITS = 62
@@ -49,6 +50,15 @@ def max_abs(x) -> float:
     return largest if math.isfinite(largest) else math.inf
 
 
+def max_abs_each(arrays) -> np.ndarray:
+    """``max_abs`` of each array, as float64; device arrays cost one device-to-host copy in all, not one each."""
+    xp = array_module(arrays[0]) if arrays else np
+    if xp is np:
+        return np.array([max_abs(a) for a in arrays], dtype=np.float64)
+    largest = fused.device_max_abs(xp, arrays)
+    return np.where(np.isfinite(largest), largest, np.inf)
+
+
 def sum_into(total, sources, k: int) -> None:
     """Write ``sum(rint(x * 2**k) for x in sources)`` (float32 sources) into the int64 array ``total``."""
     if not sources:
@@ -64,17 +74,19 @@ def add_into(total, x, k: int, assign: bool = False) -> None:
     agreed maximum, and anything small enough to underflow rounds to 0 either
     way. A value beyond the scale's range (a pass that will be redone, or a
     non-finite gradient that will be refused) may wrap; it is never decoded.
-    Host arrays go in cache-sized chunks; device arrays in one pass.
+    Host arrays go in cache-sized chunks; device arrays in one fused kernel (``fused``).
     """
     xp = array_module(total)
+    if xp is not np:
+        fused.device_add_into(xp, total, x, k, assign)
+        return
     n = total.size
-    chunk = CHUNK if xp is np else max(n, 1)
-    scaled = xp.empty(min(n, chunk), dtype=np.float32)
-    as_int = xp.empty(min(n, chunk), dtype=np.int64)
+    scaled = xp.empty(min(n, CHUNK), dtype=np.float32)
+    as_int = xp.empty(min(n, CHUNK), dtype=np.int64)
     factor = np.float32(math.ldexp(1.0, k)) if -126 <= k <= 127 else None  # a float32 power of two: exact
     with np.errstate(over="ignore", invalid="ignore"):
-        for start in range(0, n, chunk):
-            stop = min(start + chunk, n)
+        for start in range(0, n, CHUNK):
+            stop = min(start + CHUNK, n)
             tmp, tmp_int = scaled[: stop - start], as_int[: stop - start]
             if factor is None:
                 xp.ldexp(x[start:stop], k, out=tmp)
@@ -93,12 +105,14 @@ def decode(total, k: int, count: int, out) -> None:
     xp = array_module(total)
     flat_out = out.reshape(-1)
     n = total.size
-    chunk = CHUNK if xp is np else max(n, 1)
     divisor = math.ldexp(float(count), k)  # exact: (S * 2**-k) / count == S / (count * 2**k)
+    if xp is not np:
+        fused.device_decode(xp, total, divisor, flat_out)  # one pass: the same bits (tests/test_fused.py)
+        return
     power_of_two = count & (count - 1) == 0  # then multiplying by the exact reciprocal is the same division
-    scaled = xp.empty(min(n, chunk), dtype=np.float64)
-    for start in range(0, n, chunk):
-        stop = min(start + chunk, n)
+    scaled = xp.empty(min(n, CHUNK), dtype=np.float64)
+    for start in range(0, n, CHUNK):
+        stop = min(start + CHUNK, n)
         tmp = scaled[: stop - start]
         tmp[...] = total[start:stop]
         if power_of_two:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from mpizero.core.exact import max_abs
+from mpizero.core.exact import max_abs_each
 
 GRAD_DTYPE = np.dtype(np.float32)
 
@@ -33,8 +33,7 @@ class GroupTally:
         if self.problem is not None:
             return False
         self.count += 1
-        for column, spec in enumerate(self.specs):
-            self.maxima[column] = max(self.maxima[column], max_abs(grads[spec.name]))
+        np.maximum(self.maxima, max_abs_each([grads[spec.name] for spec in self.specs]), out=self.maxima)
         return True
 
     def note(self, problem: str) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 
 from mpizero.core.arrays import array_module
 from mpizero.training.model import param_shapes, softmax_cross_entropy
+from mpizero.training.scatter import sum_rows_by_index
 
 LN_EPS = 1e-5
 GELU_C = math.sqrt(2.0 / math.pi)
@@ -76,8 +77,7 @@ class Embedding:
 
     def backward(self, dout, tokens, params):
         xp = array_module(dout)
-        dtok = xp.zeros((self.vocab, self.width), dtype=dout.dtype)
-        xp.add.at(dtok, tokens.reshape(-1), dout.reshape(-1, self.width))
+        dtok = sum_rows_by_index(dout.reshape(-1, self.width), tokens, self.vocab)  # not add.at: atomic on CuPy
         dpos = xp.zeros((self.block_size, self.width), dtype=dout.dtype)
         dpos[: tokens.shape[1]] = dout.sum(axis=0)
         return None, {f"{self.name}.tok": dtok, f"{self.name}.pos": dpos}

@@ -7,10 +7,15 @@ at different world sizes, then ``engine checks ok``.
 
 import hashlib
 import os
+import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from standin import StandInDevice  # noqa: E402
 
 from mpizero import SGD, Adam, Reference, ZeroEngine, ZeroError, split_evenly
 from mpizero.comm.collectives import Collectives
@@ -115,22 +120,6 @@ def check_disagreement_at_setup_fails_on_every_rank():
     expect_error(lambda: ZeroEngine({"w": np.zeros(3)}, SGD(lr=0.1), comm=comm), "must be float32")
 
 
-class FakeDeviceArray:
-    """A host array posing as a GPU buffer, to exercise host staging without a GPU."""
-
-    __cuda_array_interface__ = {}
-
-    def __init__(self, host):
-        self.host = host
-        self.shape, self.dtype, self.nbytes = host.shape, host.dtype, host.nbytes
-
-    def get(self):
-        return self.host.copy()
-
-    def set(self, host):
-        self.host[...] = host
-
-
 def check_host_staging():
     # the stand-in is staged on purpose: say so, or the CUDA-awareness probe warns on a CPU-only machine
     os.environ["MPIZERO_CUDA_AWARE"] = "0"
@@ -139,12 +128,12 @@ def check_host_staging():
     send = np.arange(4 * size, dtype=np.int64) * (rank + 1)
     expected = np.empty(4, np.int64)
     comm.Reduce_scatter_block(send, expected)
-    recv = FakeDeviceArray(np.zeros(4, np.int64))
-    coll.reduce_scatter(FakeDeviceArray(send), recv)
+    recv = StandInDevice(np.zeros(4, np.int64))
+    coll.reduce_scatter(StandInDevice(send), recv)
     assert recv.host.tolist() == expected.tolist()
     full = np.zeros(3 * size, np.float32)
     full[3 * rank : 3 * rank + 3] = rank
-    device_full = FakeDeviceArray(full.copy())
+    device_full = StandInDevice(full.copy())
     coll.allgather_in_place(device_full)
     assert device_full.host.tolist() == np.repeat(np.arange(size), 3).tolist()
     assert coll.traffic.calls - Counter(agreement=coll.traffic.calls["agreement"]) == {

@@ -1,0 +1,52 @@
+"""The GPU's one-pass exact encode and decode (core/fused.py), checked on the CPU through their one formula.
+
+The kernels cannot compile here; what they compute is ``fused.encode``/``fused.decode`` spelled in C, so
+the NumPy evaluation of the same functions must give the host path's bytes, and the C spelling is pinned.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpizero.core import exact, fused
+
+
+def gradients(seed: int, n: int = 1000) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-30, 8, n)).astype(np.float32)
+    x[:8] = [0.0, -0.0, 0.5, -0.5, 1.5, -2.5, 1e-45, -3e38]  # ties to even, signed zeros, a subnormal, a giant
+    return x
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(-140, 200), assign=st.booleans())
+def test_the_encode_formula_gives_the_host_paths_bytes(seed, k, assign):
+    x = gradients(seed)
+    total = np.random.default_rng(seed).integers(-(2**40), 2**40, x.size)
+    host = total.copy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        exact.add_into(host, x, k, assign=assign)
+        formula = fused.encode(fused.NUMPY_OPS, 0 if assign else total, x, k)
+        finite = np.isfinite(np.ldexp(x, k)) & (np.abs(np.ldexp(x.astype(np.float64), k)) < 2.0**62)
+    assert formula[finite].tobytes() == host[finite].tobytes()  # beyond the scale's range: never decoded
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(0, 100), count=st.sampled_from([1, 2, 3, 4, 7, 8, 12, 1000]))
+def test_the_decode_formula_gives_the_host_paths_bytes(seed, k, count):
+    total = np.random.default_rng(seed).integers(-(2**62), 2**62, 999)
+    host = np.empty(total.size, np.float32)
+    exact.decode(total, k, count, host)
+    formula = fused.decode(fused.NUMPY_OPS, total, np.ldexp(float(count), k))
+    assert formula.dtype == np.float32 and formula.tobytes() == host.tobytes()
+
+
+def test_the_kernels_c_expressions():
+    assert fused.encode(fused.C_OPS, "total", "x", "k") == "total + (long long)rintf(ldexpf(x, k))"
+    assert fused.decode(fused.C_OPS, "total", "divisor") == "(float)((double)total / divisor)"
+
+
+@pytest.mark.parametrize("arrays", [[], [np.zeros(0, np.float32)], [np.array([1.0, -3.0, np.nan], np.float32)]])
+def test_max_abs_each_is_max_abs_of_each(arrays):
+    assert exact.max_abs_each(arrays).tolist() == [exact.max_abs(a) for a in arrays]
