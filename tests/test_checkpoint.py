@@ -671,3 +671,11 @@ def test_an_oversized_manifest_is_refused_before_it_is_parsed(tmp_path, monkeypa
     with pytest.raises(manifest_format.CheckpointError, match="larger than 64 bytes"):
         manifest_format.read(str(tmp_path))
     assert manifest_format.nesting_depth(b'{"a": ["[[[", {"b": "]}"}]}') == 3
+
+
+def test_a_checkpoint_is_never_used_as_a_checkpoint_directory(tmp_path, saved):
+    path = copy_of(saved, tmp_path)
+    command = functools.partial(
+        train, 2, 2, 6, "--resume", path, "--checkpoint-dir", path, "--checkpoint-every", 1, ok=False
+    )
+    refused(tmp_path, path, command, f"{path} is a checkpoint itself")

@@ -1,4 +1,4 @@
-"""Checks ``train`` makes before its first step, once the model is built: sizes against the data, memory, disk.
+"""Checks ``train`` makes before its first step, once the model is built: data, memory, disk, checkpoint key.
 
 Each rank checks what it can see (its host's available memory for the ranks
 on it, the free space where rank 0 will write) and the ranks agree, so a run
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from mpizero.checkpoint import manifest
 from mpizero.comm import agree
 from mpizero.core import files, formulas
 from mpizero.core.memory import format_bytes
@@ -22,27 +23,37 @@ JSON_BYTES = 1 << 16  # room for --memory-json and a manifest's fixed part
 
 def check(args, task, data, model, collectives) -> None:
     """Raise the same ZeroError on every rank if the data, the memory or the disk cannot hold this run."""
-    problems = task.data_problems(data)
+    problems = task.data_problems(data) + key_problems()
     if not args.no_memory_check:
-        units = task.unit_runs(data)
-        problems += memory_problems(args, units, collectives.comm.Get_size(), collectives.node.Get_size())
+        ranks = collectives.comm.Get_size()
+        size, loaded = args.global_batch // args.micro_batches, -(-args.micro_batches // ranks)
+        needed = predicted_bytes(args, task.unit_runs(data), ranks) + task.batch_bytes(data, size, loaded)
+        problems += memory_problems(needed, collectives.node.Get_size())
     if collectives.comm.Get_rank() == 0:
         problems += files.space_problems(space_needed(args, model))
     agree.raise_if_any(collectives, "; ".join(problems) or None, "before the first step")
 
 
+def key_problems() -> list[str]:
+    """Whether the checkpoint key, if one is set, can be read (each rank reads its own environment)."""
+    try:
+        manifest.signing_key()
+    except manifest.CheckpointError as error:
+        return [str(error)]
+    return []
+
+
 def predicted_bytes(args, units: list, ranks: int) -> int:
-    """Bytes one rank needs: the engine's buffers at ``--stage`` (``formulas``) and the full fp32 initial
-    parameters every rank builds before it keeps its shard."""
+    """Bytes one rank's model states need: the engine's buffers at ``--stage`` (``formulas``) and the full fp32
+    initial parameters every rank builds before it keeps its shard."""
     setups = dict(formula_setups(units, ranks, args.precision, args.reduction, args.optimizer, args.bucket_elems))
     numel = sum(sum(unit.tensors) * unit.count for unit in units)
     return sum(formulas.engine_bytes(setups[args.stage]).values()) + 4 * numel
 
 
-def memory_problems(args, units: list, ranks: int, ranks_here: int) -> list[str]:
-    """Whether the ranks on this host fit in its available memory."""
+def memory_problems(needed: int, ranks_here: int) -> list[str]:
+    """Whether ``ranks_here`` ranks of ``needed`` bytes each fit in this host's available memory."""
     available = available_memory()
-    needed = predicted_bytes(args, units, ranks)
     if available is None or needed * ranks_here <= available:
         return []
     return [

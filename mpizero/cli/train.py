@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import time
 
@@ -34,12 +35,17 @@ OUTPUTS = {"save_params": "--save-params", "memory_json": "--memory-json"}
 INPUTS = {"resume": "--resume"}
 OUTPUT_DIRS = {"checkpoint_dir": "--checkpoint-dir"}
 MIN_MICRO_BATCHES = 4
+DEFAULT_KEEP = 2
+MAX_GLOBAL_BATCH = 2**40  # keeps choosing --micro-batches (a divisor search) quick
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add(parser, "model", "device", "stage", "steps")
     parser.add_argument(
-        "--global-batch", type=options.whole(1), default=64, help="samples (sequences) per step, all ranks"
+        "--global-batch",
+        type=options.whole(1, MAX_GLOBAL_BATCH),
+        default=64,
+        help="samples (sequences) per step, all ranks",
     )
     options.add(
         parser,
@@ -67,7 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="steps between checkpoints (needs --checkpoint-dir)",
     )
-    parser.add_argument("--keep", type=options.whole(1), default=2, help="complete checkpoints to keep")
+    parser.add_argument(
+        "--keep", type=options.whole(1), default=None, help="complete checkpoints to keep (needs --checkpoint-dir; 2)"
+    )
     parser.add_argument("--resume", default=None, help="a checkpoint, or a directory of them (newest complete)")
     parser.add_argument(
         "--resume-override",
@@ -88,17 +96,35 @@ def check(args, world_size: int) -> None:
         problems.append(f"--global-batch {args.global_batch} is smaller than the {world_size} ranks")
     elif args.micro_batches is None:
         least = min(max(MIN_MICRO_BATCHES, world_size), args.global_batch)
-        args.micro_batches = next(m for m in range(least, args.global_batch + 1) if args.global_batch % m == 0)
+        args.micro_batches = smallest_divisor(args.global_batch, least)
     elif args.global_batch % args.micro_batches:
         problems.append(f"--global-batch {args.global_batch} must split into --micro-batches {args.micro_batches}")
     elif args.micro_batches < world_size:
         problems.append(f"--micro-batches {args.micro_batches} is fewer than the {world_size} ranks")
     if args.accumulate == "round" and not reduce_scatters(args.stage):
         problems.append("--accumulate round needs a stage whose gradients meet in a reduce-scatter (1-3), got 0")
+    problems += checkpoint_problems(args) + override_problems(args)
+    options.raise_problems(problems)
+
+
+def smallest_divisor(n: int, least: int) -> int:
+    """The smallest divisor of ``n`` that is ``>= least``, found in O(sqrt(n)) steps (``n`` may be prime)."""
+    divisors = (d for k in range(1, math.isqrt(n) + 1) if n % k == 0 for d in (k, n // k))
+    return min(d for d in divisors if d >= least)
+
+
+def checkpoint_problems(args) -> list[str]:
+    """What is wrong with the checkpoint flags: one without the other, or flags that would save nothing."""
+    problems = []
     if (args.checkpoint_dir is None) != (args.checkpoint_every is None):
         problems.append("--checkpoint-dir and --checkpoint-every go together: give both or neither")
-    problems += override_problems(args)
-    options.raise_problems(problems)
+    elif args.checkpoint_every is not None and args.checkpoint_every > args.steps:
+        every, steps = args.checkpoint_every, args.steps
+        problems.append(f"--checkpoint-every {every} is more than --steps {steps}: no checkpoint would be saved")
+    if args.keep is not None and args.checkpoint_dir is None:
+        problems.append("--keep needs --checkpoint-dir: there are no checkpoints to keep")
+    args.keep = args.keep or DEFAULT_KEEP
+    return problems
 
 
 # The settings that change a run's numbers: a resumed run must match them (or name them in --resume-override),

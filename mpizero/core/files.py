@@ -72,6 +72,16 @@ def _in_system_tree(path: str) -> str | None:
     return next((tree for tree in SYSTEM_TREES if real == tree or real.startswith(tree + "/")), None)
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file: the same real path, or the same inode (a hard link)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet
+        return False
+
+
 def _inside(path: str, folder: str) -> bool:
     path, folder = os.path.realpath(path), os.path.realpath(folder)
     return path == folder or path.startswith(folder.rstrip("/") + "/")
@@ -92,7 +102,7 @@ def output_problems(outputs: dict[str, str], inputs: dict[str, str]) -> list[str
     named = list(outputs.items())
     for i, (flag, path) in enumerate(named):
         for other_flag, other in named[i + 1 :]:
-            if os.path.realpath(path) == os.path.realpath(other):
+            if _same_file(path, other):
                 problems.append(
                     f"{flag} {path} and {other_flag} {other} are the same file: one would replace the other"
                 )
