@@ -28,7 +28,10 @@ def check(args, task, data, model, collectives) -> None:
         ranks = collectives.comm.Get_size()
         size, loaded = args.global_batch // args.micro_batches, -(-args.micro_batches // ranks)
         needed = predicted_bytes(args, task.unit_runs(data), ranks) + task.batch_bytes(data, size, loaded)
-        problems += memory_problems(needed, collectives.node.Get_size())
+        if args.device == "gpu":  # one rank's need against its device's free memory: never a false refusal
+            problems += memory_problems(needed, 1, device_memory(), "on its GPU")
+        else:
+            problems += memory_problems(needed, collectives.node.Get_size(), available_memory(), "on this host")
     if collectives.comm.Get_rank() == 0:
         problems += files.space_problems(space_needed(args, model))
     agree.raise_if_any(collectives, "; ".join(problems) or None, "before the first step")
@@ -51,13 +54,12 @@ def predicted_bytes(args, units: list, ranks: int) -> int:
     return sum(formulas.engine_bytes(setups[args.stage]).values()) + 4 * numel
 
 
-def memory_problems(needed: int, ranks_here: int) -> list[str]:
-    """Whether ``ranks_here`` ranks of ``needed`` bytes each fit in this host's available memory."""
-    available = available_memory()
+def memory_problems(needed: int, ranks_here: int, available: int | None, where: str) -> list[str]:
+    """Whether ``ranks_here`` ranks of ``needed`` bytes each fit in ``available`` bytes (None: unknown)."""
     if available is None or needed * ranks_here <= available:
         return []
     return [
-        f"predicted memory {format_bytes(needed)} per rank x {ranks_here} ranks on this host = "
+        f"predicted memory {format_bytes(needed)} per rank x {ranks_here} ranks {where} = "
         f"{format_bytes(needed * ranks_here)}, but {format_bytes(available)} is available: use smaller sizes, "
         "a higher --stage, more hosts, or --no-memory-check"
     ]
@@ -70,6 +72,16 @@ def available_memory() -> int | None:
             fields = dict(line.split(":", 1) for line in f)
         return int(fields["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
+        return None
+
+
+def device_memory() -> int | None:
+    """Free bytes on this rank's current CUDA device, or None where CuPy cannot say."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.Device().mem_info[0])
+    except Exception:  # no CuPy or no usable device: --device gpu reports that itself, once, elsewhere
         return None
 
 
