@@ -507,14 +507,13 @@ def test_another_runs_directory_is_refused_naming_both_runs(tmp_path, saved, kee
 
 def test_a_resumed_run_keeps_its_identity_and_its_directory(tmp_path, saved, straight):
     directory, out = tmp_path / "ckpt", tmp_path / "params.npy"
-    shutil.copytree(saved, directory)
-    shutil.rmtree(directory / "ckpt-00000004")
+    shutil.copytree(saved, directory)  # its step 4 is replaced by the same run's step 4, moved aside first
     train(
         2,
         2,
         4,
         "--resume",
-        directory,
+        directory / "ckpt-00000002",
         "--checkpoint-dir",
         directory,
         "--checkpoint-every",
