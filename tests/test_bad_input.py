@@ -232,3 +232,25 @@ def test_the_default_micro_batches_are_found_at_once_for_a_prime_global_batch():
         for n in range(1, 200)
         for least in range(1, n + 1)
     )
+
+
+FULL_AT_THE_END = """
+import errno, sys
+from mpizero.cli import train
+from mpizero.cli.main import main
+
+def full(path, model, master):
+    raise OSError(errno.ENOSPC, "No space left on device", path)
+
+train.save_flat = full  # the disk filled up during the steps
+sys.exit(main(["train", "--steps", "1", "--save-params", sys.argv[1]]))
+"""
+
+
+def test_an_output_that_fails_after_the_steps_ends_every_rank_with_exit_2(tmp_path):
+    script = tmp_path / "full.py"
+    script.write_text(FULL_AT_THE_END)
+    done = run_mpi(2, [str(script), str(tmp_path / "p.npy")], timeout=60)
+    errors = [text for text in done.stderr.splitlines() if text.strip()]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr
+    assert f"writing the outputs: rank 0: cannot write {tmp_path}/p.npy: ENOSPC" in errors[0], errors

@@ -19,6 +19,7 @@ import numpy as np
 from mpizero.checkpoint import compat
 from mpizero.checkpoint import store as checkpoint
 from mpizero.cli import options, preflight
+from mpizero.comm import agree
 from mpizero.comm.collectives import Collectives
 from mpizero.core import faults, files, formulas
 from mpizero.core.arrays import device_module, to_device
@@ -164,7 +165,7 @@ def run(args, comm) -> int:
     task = entry(args.model, Size.of(args))
     data = task.load()
     model = task.build(data)
-    preflight.check(args, task, data, model, Collectives(comm, args.watchdog or None))
+    preflight.check(args, task, data, Collectives(comm, args.watchdog or None))
     rss_baseline = peak_rss_bytes()  # the interpreter, NumPy, MPI and the data: before any training state
     precision = PRECISIONS[args.precision]
     xp = device_module(args.device)
@@ -204,17 +205,29 @@ def run(args, comm) -> int:
             if rank0:
                 print(f"saved {path}", flush=True)
     rss_steps = peak_rss_bytes()  # before evaluation and saving, which can need more than the steps
-    master = engine.master_params()
+    master, problem = engine.master_params(), None
     if rank0:
         print_accounting(engine, -(-args.micro_batches // comm.Get_size()), trainer.reduce_each_round)
         print(f"redone (scale prediction missed): {engine.redone_steps} of {args.steps - first_step + 1} steps")
         print(task.evaluate(model, data, master))
+        memory = {**engine.memory_report(), "rss_baseline": rss_baseline, "rss_steps": rss_steps}
+        problem = write_outputs(args, model, master, memory)
+    agree.raise_if_any(engine.collectives, problem, "writing the outputs")
+    return 0
+
+
+def write_outputs(args, model, master: dict, memory: dict) -> str | None:
+    """Write --save-params and --memory-json (rank 0); return what went wrong, for every rank to report."""
+    try:
         if args.save_params:
             save_flat(args.save_params, model, master)
         if args.memory_json:
-            report = {**engine.memory_report(), "rss_baseline": rss_baseline, "rss_steps": rss_steps}
-            files.write(args.memory_json, lambda f: f.write(json.dumps(report).encode()))
-    return 0
+            files.write(args.memory_json, lambda f: f.write(json.dumps(memory).encode()))
+    except OSError as error:
+        return f"cannot write {checkpoint.describe(error)}"
+    except files.OutputError as error:  # replaced by something not a file since the check before the steps
+        return str(error)
+    return None
 
 
 def make_engine(args, model, precision, comm, xp) -> ZeroEngine:
