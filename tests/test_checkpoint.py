@@ -678,3 +678,9 @@ def test_a_checkpoint_is_never_used_as_a_checkpoint_directory(tmp_path, saved):
         train, 2, 2, 6, "--resume", path, "--checkpoint-dir", path, "--checkpoint-every", 1, ok=False
     )
     refused(tmp_path, path, command, f"{path} is a checkpoint itself")
+
+
+def test_a_manifest_that_is_a_fifo_is_refused_without_waiting(tmp_path):
+    os.mkfifo(tmp_path / "manifest.json")
+    with pytest.raises(manifest_format.CheckpointError, match="manifest.json: not a regular file"):
+        manifest_format.read(str(tmp_path))
