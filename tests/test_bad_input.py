@@ -88,6 +88,7 @@ CASES = [
     (1, "consolidate {tmp} /dev/null", "output /dev/null is under /dev: not a place for output"),
     (1, "consolidate {tmp} {tmp}", "output {tmp} is a directory, not a file"),
     (1, "plot partition -o /proc/p.png", "-o/--output /proc/p.png is under /proc"),
+    (1, "train --save-params {tmp}/x --checkpoint-dir {tmp}/x --checkpoint-every 1", "is also --checkpoint-dir"),
     (1, "train --keep 3", "--keep needs --checkpoint-dir: there are no checkpoints to keep"),
     (1, "train --steps 3 --checkpoint-dir {tmp}/c --checkpoint-every 5", "--checkpoint-every 5 is more than --steps 3"),
     (1, "train --global-batch 1e9", "before the first step: rank 0: predicted memory"),

@@ -35,18 +35,18 @@ def test_one_file_under_two_names_is_refused(tmp_path):
     os.symlink(tmp_path / "a", tmp_path / "soft")
     for other in ("hard", "soft", "sub/../a"):
         (tmp_path / "sub").mkdir(exist_ok=True)
-        found = files.output_problems({"--x": str(tmp_path / "a"), "--y": str(tmp_path / other)}, {})
+        found = files.output_problems({"--x": str(tmp_path / "a"), "--y": str(tmp_path / other)}, {}, {})
         assert found and "are the same file" in found[0], other
-    assert files.output_problems({"--x": str(tmp_path / "a"), "--y": str(tmp_path / "b")}, {}) == []
+    assert files.output_problems({"--x": str(tmp_path / "a"), "--y": str(tmp_path / "b")}, {}, {}) == []
 
 
 def test_an_output_inside_an_input_is_refused_and_a_sibling_is_not(tmp_path):
     (tmp_path / "ck").mkdir()
-    inside = files.output_problems({"out": str(tmp_path / "ck" / "x.npz")}, {"checkpoint": str(tmp_path / "ck")})
+    inside = files.output_problems({"out": str(tmp_path / "ck" / "x.npz")}, {"checkpoint": str(tmp_path / "ck")}, {})
     assert inside == [
         f"out {tmp_path}/ck/x.npz lies inside the input checkpoint {tmp_path}/ck: it would be overwritten"
     ]
-    assert files.output_problems({"out": str(tmp_path / "ck2.npz")}, {"checkpoint": str(tmp_path / "ck")}) == []
+    assert files.output_problems({"out": str(tmp_path / "ck2.npz")}, {"checkpoint": str(tmp_path / "ck")}, {}) == []
 
 
 def test_free_space_is_summed_per_file_system(tmp_path):

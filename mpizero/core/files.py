@@ -87,11 +87,11 @@ def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-def output_problems(outputs: dict[str, str], inputs: dict[str, str]) -> list[str]:
+def output_problems(outputs: dict[str, str], inputs: dict[str, str], directories: dict[str, str]) -> list[str]:
     """Why the output files ``{flag: path}`` could not be written, or would clobber an input or each other.
 
     ``inputs`` (``{flag: path}``): files or checkpoint directories the command reads; an output may be
-    neither one of them nor inside one.
+    neither one of them nor inside one. ``directories``: output directories, which no output file may be.
     """
     problems = [p for flag, path in outputs.items() if (p := _output_problem(flag, path))]
     for flag, path in outputs.items():
@@ -99,6 +99,10 @@ def output_problems(outputs: dict[str, str], inputs: dict[str, str]) -> list[str
             if _inside(path, source):
                 where = "is" if os.path.realpath(path) == os.path.realpath(source) else "lies inside"
                 problems.append(f"{flag} {path} {where} the input {in_flag} {source}: it would be overwritten")
+    for flag, path in outputs.items():
+        for dir_flag, folder in directories.items():
+            if os.path.realpath(path) == os.path.realpath(folder):
+                problems.append(f"{flag} {path} is also {dir_flag}: a file cannot be the directory too")
     named = list(outputs.items())
     for i, (flag, path) in enumerate(named):
         for other_flag, other in named[i + 1 :]:
