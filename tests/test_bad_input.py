@@ -16,7 +16,7 @@ from mpirun import ROOT, run_mpi
 
 # (ranks, command line, a fragment the one error line must contain)
 CASES = [
-    (1, "train --global-batch 0", "--global-batch: must be >= 1, got 0"),
+    (1, "train --global-batch 0", "--global-batch: must be from 1 to 1099511627776, got 0"),
     (1, "train --lr nan", "--lr: must be a finite number > 0, got 'nan'"),
     (1, "train --lr inf", "--lr: must be a finite number"),
     (1, "train --lr 0", "--lr: must be a finite number > 0"),
@@ -55,14 +55,14 @@ CASES = [
     (1, "verify --stage 5", "--stage: invalid choice: '5'"),
     (1, "verify --seed -2", "--seed: must be >= 0"),
     (1, "verify --bucket-elems 0", "--bucket-elems: must be >= 1"),
-    (1, "estimate --ranks 0 --params 1e9", "--ranks: must be >= 1, got 0"),
+    (1, "estimate --ranks 0 --params 1e9", "--ranks: must be from 1 to 2147483647, got 0"),
     (1, "estimate --ranks 4", "give --params PSI"),
     (1, "estimate --ranks 4 --params -5", "--params: must be a finite number > 0, got '-5'"),
     (1, "estimate --ranks 4 --params nan", "--params: must be a finite number > 0, got 'nan'"),
     (1, "estimate --params 1e9", "required: --ranks"),
     (1, "estimate --ranks 4 --model transformer --width 30", "--width 30 must be a multiple of --heads 4"),
     (1, "estimate --ranks 4 --params 1e9 --k -1", "--k: must be >= 0"),
-    (1, "plot partition --ranks 0 -o {tmp}/p.png", "--ranks: must be >= 1, got 0"),
+    (1, "plot partition --ranks 0 -o {tmp}/p.png", "--ranks: must be from 1 to 2147483647, got 0"),
     (1, "plot memory --precision fp8 -o {tmp}/m.png", "--precision: invalid choice: 'fp8'"),
     (1, "plot memory --reduction foo -o {tmp}/m.png", "--reduction: invalid choice: 'foo'"),
     (1, "plot memory --optimizer lion -o {tmp}/m.png", "--optimizer: invalid choice: 'lion'"),
@@ -88,8 +88,15 @@ CASES = [
     (1, "consolidate {tmp} /dev/null", "output /dev/null is under /dev: not a place for output"),
     (1, "consolidate {tmp} {tmp}", "output {tmp} is a directory, not a file"),
     (1, "plot partition -o /proc/p.png", "-o/--output /proc/p.png is under /proc"),
+    (1, "train --save-params {tmp}/x --checkpoint-dir {tmp}/x --checkpoint-every 1", "is also --checkpoint-dir"),
+    (1, "train --keep 3", "--keep needs --checkpoint-dir: there are no checkpoints to keep"),
+    (1, "train --steps 3 --checkpoint-dir {tmp}/c --checkpoint-every 5", "--checkpoint-every 5 is more than --steps 3"),
+    (1, "train --global-batch 1e9", "before the first step: rank 0: predicted memory"),
+    (1, "train --global-batch 1e13", "--global-batch: must be from 1 to 1099511627776"),
+    (1, "estimate --ranks 1e300 --model mlp", "--ranks: must be from 1 to 2147483647"),
+    (1, "verify --perturb-rank 5", "--perturb-rank 5 is not a rank of the 1 ranks"),
     (1, "", "required: command"),
-    (2, "train --global-batch 0", "--global-batch: must be >= 1, got 0"),
+    (2, "train --global-batch 0", "--global-batch: must be from 1 to 1099511627776, got 0"),
     (2, "train --global-batch 1", "--global-batch 1 is smaller than the 2 ranks"),
     (2, "train --micro-batches 1", "--micro-batches 1 is fewer than the 2 ranks"),
     (2, "train --model transformer --heads 3", "--width 64 must be a multiple of --heads 3"),
@@ -97,7 +104,7 @@ CASES = [
     (2, "train --save-params {tmp}/missing/p.npy", "--save-params {tmp}/missing/p.npy: directory"),
     (2, "verify --steps 0", "--steps: must be >= 1, got 0"),
     (2, "verify --stage 5", "--stage: invalid choice: '5'"),
-    (2, "estimate --ranks 0 --params 1e9", "--ranks: must be >= 1, got 0"),
+    (2, "estimate --ranks 0 --params 1e9", "--ranks: must be from 1 to 2147483647, got 0"),
     (2, "plot partition -o {tmp}/missing/x.png", "-o/--output {tmp}/missing/x.png: directory"),
     (2, "consolidate {tmp} {tmp}/missing/out.npz", "output {tmp}/missing/out.npz: directory"),
     (2, "train --resume-override lr", "--resume-override needs --resume"),
@@ -205,3 +212,46 @@ def test_a_problem_on_one_rank_ends_every_rank_with_exit_2(tmp_path):
 def test_estimate_answers_any_size_at_once():
     done = run(1, ["estimate", "--model", "mlp", "--layers", "1e7", "--ranks", "4"])
     assert done.returncode == 0 and "stage" in done.stdout, done.stderr
+
+
+def test_an_unreadable_checkpoint_key_is_refused_before_the_first_step(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPIZERO_CHECKPOINT_KEY_FILE": str(tmp_path / "missing")}
+    line = f"train --steps 2 --checkpoint-dir {tmp_path}/ck --checkpoint-every 1".split()
+    done = subprocess.run(
+        [sys.executable, "-m", "mpizero", *line], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and "before the first step" in done.stderr and "cannot read the key" in done.stderr
+    assert "step " not in done.stdout and not (tmp_path / "ck").exists()
+
+
+def test_the_default_micro_batches_are_found_at_once_for_a_prime_global_batch():
+    from mpizero.cli.train import smallest_divisor
+
+    assert smallest_divisor(1_000_000_007, 4) == 1_000_000_007 and smallest_divisor(2**40, 3) == 4
+    assert all(
+        smallest_divisor(n, least) == next(m for m in range(least, n + 1) if n % m == 0)
+        for n in range(1, 200)
+        for least in range(1, n + 1)
+    )
+
+
+FULL_AT_THE_END = """
+import errno, sys
+from mpizero.cli import train
+from mpizero.cli.main import main
+
+def full(path, model, master):
+    raise OSError(errno.ENOSPC, "No space left on device", path)
+
+train.save_flat = full  # the disk filled up during the steps
+sys.exit(main(["train", "--steps", "1", "--save-params", sys.argv[1]]))
+"""
+
+
+def test_an_output_that_fails_after_the_steps_ends_every_rank_with_exit_2(tmp_path):
+    script = tmp_path / "full.py"
+    script.write_text(FULL_AT_THE_END)
+    done = run_mpi(2, [str(script), str(tmp_path / "p.npy")], timeout=60)
+    errors = [text for text in done.stderr.splitlines() if text.strip()]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr
+    assert f"writing the outputs: rank 0: cannot write {tmp_path}/p.npy: ENOSPC" in errors[0], errors

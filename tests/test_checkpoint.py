@@ -507,14 +507,13 @@ def test_another_runs_directory_is_refused_naming_both_runs(tmp_path, saved, kee
 
 def test_a_resumed_run_keeps_its_identity_and_its_directory(tmp_path, saved, straight):
     directory, out = tmp_path / "ckpt", tmp_path / "params.npy"
-    shutil.copytree(saved, directory)
-    shutil.rmtree(directory / "ckpt-00000004")
+    shutil.copytree(saved, directory)  # its step 4 is replaced by the same run's step 4, moved aside first
     train(
         2,
         2,
         4,
         "--resume",
-        directory,
+        directory / "ckpt-00000002",
         "--checkpoint-dir",
         directory,
         "--checkpoint-every",
@@ -671,3 +670,17 @@ def test_an_oversized_manifest_is_refused_before_it_is_parsed(tmp_path, monkeypa
     with pytest.raises(manifest_format.CheckpointError, match="larger than 64 bytes"):
         manifest_format.read(str(tmp_path))
     assert manifest_format.nesting_depth(b'{"a": ["[[[", {"b": "]}"}]}') == 3
+
+
+def test_a_checkpoint_is_never_used_as_a_checkpoint_directory(tmp_path, saved):
+    path = copy_of(saved, tmp_path)
+    command = functools.partial(
+        train, 2, 2, 6, "--resume", path, "--checkpoint-dir", path, "--checkpoint-every", 1, ok=False
+    )
+    refused(tmp_path, path, command, f"{path} is a checkpoint itself")
+
+
+def test_a_manifest_that_is_a_fifo_is_refused_without_waiting(tmp_path):
+    os.mkfifo(tmp_path / "manifest.json")
+    with pytest.raises(manifest_format.CheckpointError, match="manifest.json: not a regular file"):
+        manifest_format.read(str(tmp_path))

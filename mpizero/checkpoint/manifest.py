@@ -25,6 +25,7 @@ import hmac
 import json
 import os
 import re
+import stat
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from mpizero.core import files
 FORMAT = "mpizero-checkpoint-4"
 MANIFEST = "manifest.json"
 KEY_VARIABLE, KEY_FILE_VARIABLE = "MPIZERO_CHECKPOINT_KEY", "MPIZERO_CHECKPOINT_KEY_FILE"
-MAX_BYTES = 1 << 28  # 256 MiB: a manifest lists about one piece per rank and group (``estimate --scale``)
+MAX_BYTES = 1 << 30  # a manifest lists about one piece per rank and group: 93 MiB at 4096 ranks (``estimate --scale``)
 MAX_DEPTH = 16  # ``save`` writes 5 levels; json's parser recurses once per level
 SEALS = ("checksum", "signature")
 STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
@@ -88,6 +89,8 @@ def write(directory: str, manifest: dict) -> None:
 def load_json(manifest_path: str):
     """Parse an untrusted manifest file with limits on its size and nesting depth; raise CheckpointError."""
     try:
+        if not stat.S_ISREG(os.stat(manifest_path).st_mode):  # a FIFO would block the read, a device never end
+            raise CheckpointError(f"{manifest_path}: not a regular file")
         with open(manifest_path, "rb") as f:
             data = f.read(MAX_BYTES + 1)
     except FileNotFoundError:

@@ -153,6 +153,8 @@ def _attempt(action) -> str | None:
         action()
     except OSError as error:
         return f"cannot write {describe(error)}"
+    except CheckpointError as error:  # e.g. an unreadable key file: refused on every rank, not only here
+        return str(error)
     return None
 
 
@@ -209,7 +211,9 @@ def _step_and_run(path: str) -> tuple[int | None, str | None]:
 
 
 def owner_problem(directory: str, run: str) -> str | None:
-    """Why run ``run`` may not save into ``directory``: it holds another run's checkpoints (or None)."""
+    """Why run ``run`` may not save into ``directory``: it is a checkpoint, or holds another run's (or None)."""
+    if os.path.isfile(os.path.join(directory, MANIFEST)):
+        return f"{directory} is a checkpoint itself: save into the directory that holds checkpoints"
     others = [found for found in catalog(directory) if found.run != run]
     if not others:
         return None
@@ -256,7 +260,10 @@ def resolve(path: str) -> tuple[str, list[str]]:
     """A checkpoint itself (a directory holding a manifest), or the newest under a directory; plus skip messages."""
     if os.path.isfile(os.path.join(path, MANIFEST)):
         return path, []
-    latest, skipped = find_latest(path)
+    try:
+        latest, skipped = find_latest(path)
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot list it ({describe(error)})") from None
     if latest is None:
         raise CheckpointError(f"{path}: no complete checkpoint found")
     return latest, skipped

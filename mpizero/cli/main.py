@@ -85,7 +85,7 @@ def check_paths(args, module, comm) -> None:
         return
     problems = None
     if comm.Get_rank() == 0:
-        problems = files.output_problems(named["outputs"], named["inputs"])
+        problems = files.output_problems(named["outputs"], named["inputs"], named["directories"])
         problems += [p for flag, path in named["directories"].items() for p in files.directory_problems(flag, path)]
     if comm.Get_size() > 1:
         problems = Collectives(comm).bcast_object(problems, "the output-file check")

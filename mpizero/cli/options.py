@@ -59,6 +59,8 @@ def number(minimum: float, above: bool = False):
     return parse
 
 
+MAX_RANKS = 2**31 - 1  # an MPI rank is a C int
+
 OPTIONS = {
     "model": (["--model"], dict(default="mlp", choices=list(MODELS), help="the model and the data it trains on")),
     "device": (["--device"], dict(default="cpu", choices=DEVICES, help="cpu: NumPy arrays; gpu: CuPy arrays")),
@@ -104,7 +106,7 @@ OPTIONS = {
     "layers": (["--layers"], dict(type=whole(1), default=2, help="hidden layers (mlp) or blocks (transformer)")),
     "heads": (["--heads"], dict(type=whole(1), default=4, help="transformer: attention heads, a divisor of --width")),
     "block_size": (["--block-size"], dict(type=whole(1), default=32, help="transformer: context length in characters")),
-    "ranks": (["--ranks"], dict(type=whole(1), default=4, help="ranks to predict for")),
+    "ranks": (["--ranks"], dict(type=whole(1, MAX_RANKS), default=4, help="ranks to predict for")),
     "scale_headroom": (
         ["--scale-headroom"],
         dict(

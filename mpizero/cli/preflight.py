@@ -1,4 +1,4 @@
-"""Checks ``train`` makes before its first step, once the model is built: sizes against the data, memory, disk.
+"""Checks ``train`` makes before its first step, once the model is built: data, memory, disk, checkpoint key.
 
 Each rank checks what it can see (its host's available memory for the ranks
 on it, the free space where rank 0 will write) and the ranks agree, so a run
@@ -8,45 +8,55 @@ than after its steps.
 
 from __future__ import annotations
 
-import math
-
+from mpizero.checkpoint import manifest
 from mpizero.comm import agree
 from mpizero.core import files, formulas
 from mpizero.core.memory import format_bytes
 from mpizero.core.optim import OPTIMIZERS
-from mpizero.training.model import param_shapes
 from mpizero.training.registry import formula_setups
 
 JSON_BYTES = 1 << 16  # room for --memory-json and a manifest's fixed part
 
 
-def check(args, task, data, model, collectives) -> None:
+def check(args, task, data, collectives) -> None:
     """Raise the same ZeroError on every rank if the data, the memory or the disk cannot hold this run."""
-    problems = task.data_problems(data)
+    problems, units = task.data_problems(data) + key_problems(), task.unit_runs(data)
+    numel = sum(sum(unit.tensors) * unit.count for unit in units)
     if not args.no_memory_check:
-        units = task.unit_runs(data)
-        problems += memory_problems(args, units, collectives.comm.Get_size(), collectives.node.Get_size())
+        ranks = collectives.comm.Get_size()
+        size, loaded = args.global_batch // args.micro_batches, -(-args.micro_batches // ranks)
+        needed = predicted_bytes(args, units, numel, ranks) + task.batch_bytes(data, size, loaded)
+        if args.device == "gpu":  # one rank's need against its device's free memory: never a false refusal
+            problems += memory_problems(needed, 1, device_memory(), "on its GPU")
+        else:
+            problems += memory_problems(needed, collectives.node.Get_size(), available_memory(), "on this host")
     if collectives.comm.Get_rank() == 0:
-        problems += files.space_problems(space_needed(args, model))
+        problems += files.space_problems(space_needed(args, numel))
     agree.raise_if_any(collectives, "; ".join(problems) or None, "before the first step")
 
 
-def predicted_bytes(args, units: list, ranks: int) -> int:
-    """Bytes one rank needs: the engine's buffers at ``--stage`` (``formulas``) and the full fp32 initial
-    parameters every rank builds before it keeps its shard."""
+def key_problems() -> list[str]:
+    """Whether the checkpoint key, if one is set, can be read (each rank reads its own environment)."""
+    try:
+        manifest.signing_key()
+    except manifest.CheckpointError as error:
+        return [str(error)]
+    return []
+
+
+def predicted_bytes(args, units: list, numel: int, ranks: int) -> int:
+    """Bytes one rank's model states need: the engine's buffers at ``--stage`` (``formulas``) and the full fp32
+    initial parameters (``numel`` of them) every rank builds before it keeps its shard."""
     setups = dict(formula_setups(units, ranks, args.precision, args.reduction, args.optimizer, args.bucket_elems))
-    numel = sum(sum(unit.tensors) * unit.count for unit in units)
     return sum(formulas.engine_bytes(setups[args.stage]).values()) + 4 * numel
 
 
-def memory_problems(args, units: list, ranks: int, ranks_here: int) -> list[str]:
-    """Whether the ranks on this host fit in its available memory."""
-    available = available_memory()
-    needed = predicted_bytes(args, units, ranks)
+def memory_problems(needed: int, ranks_here: int, available: int | None, where: str) -> list[str]:
+    """Whether ``ranks_here`` ranks of ``needed`` bytes each fit in ``available`` bytes (None: unknown)."""
     if available is None or needed * ranks_here <= available:
         return []
     return [
-        f"predicted memory {format_bytes(needed)} per rank x {ranks_here} ranks on this host = "
+        f"predicted memory {format_bytes(needed)} per rank x {ranks_here} ranks {where} = "
         f"{format_bytes(needed * ranks_here)}, but {format_bytes(available)} is available: use smaller sizes, "
         "a higher --stage, more hosts, or --no-memory-check"
     ]
@@ -62,9 +72,18 @@ def available_memory() -> int | None:
         return None
 
 
-def space_needed(args, model) -> dict[str, tuple[str, int]]:
-    """What rank 0's outputs and one checkpoint will write, by flag: ``{flag: (path, bytes)}``."""
-    numel = sum(math.prod(shape) for shape in param_shapes(model).values())
+def device_memory() -> int | None:
+    """Free bytes on this rank's current CUDA device, or None where CuPy cannot say."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.Device().mem_info[0])
+    except Exception:  # no CuPy or no usable device: --device gpu reports that itself, once, elsewhere
+        return None
+
+
+def space_needed(args, numel: int) -> dict[str, tuple[str, int]]:
+    """What rank 0's outputs and one checkpoint of ``numel`` parameters will write: ``{flag: (path, bytes)}``."""
     states = 1 + len(OPTIMIZERS[args.optimizer](lr=1.0).state_names)
     needs = {}
     if args.checkpoint_dir:

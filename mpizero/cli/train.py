@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import time
 
@@ -18,6 +19,7 @@ import numpy as np
 from mpizero.checkpoint import compat
 from mpizero.checkpoint import store as checkpoint
 from mpizero.cli import options, preflight
+from mpizero.comm import agree
 from mpizero.comm.collectives import Collectives
 from mpizero.core import faults, files, formulas
 from mpizero.core.arrays import device_module, to_device
@@ -35,12 +37,17 @@ OUTPUTS = {"save_params": "--save-params", "memory_json": "--memory-json"}
 INPUTS = {"resume": "--resume"}
 OUTPUT_DIRS = {"checkpoint_dir": "--checkpoint-dir"}
 MIN_MICRO_BATCHES = 4
+DEFAULT_KEEP = 2
+MAX_GLOBAL_BATCH = 2**40  # keeps choosing --micro-batches (a divisor search) quick
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add(parser, "model", "device", "stage", "steps")
     parser.add_argument(
-        "--global-batch", type=options.whole(1), default=64, help="samples (sequences) per step, all ranks"
+        "--global-batch",
+        type=options.whole(1, MAX_GLOBAL_BATCH),
+        default=64,
+        help="samples (sequences) per step, all ranks",
     )
     options.add(
         parser,
@@ -68,7 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="steps between checkpoints (needs --checkpoint-dir)",
     )
-    parser.add_argument("--keep", type=options.whole(1), default=2, help="complete checkpoints to keep")
+    parser.add_argument(
+        "--keep", type=options.whole(1), default=None, help="complete checkpoints to keep (needs --checkpoint-dir; 2)"
+    )
     parser.add_argument("--resume", default=None, help="a checkpoint, or a directory of them (newest complete)")
     parser.add_argument(
         "--resume-override",
@@ -89,17 +98,35 @@ def check(args, world_size: int) -> None:
         problems.append(f"--global-batch {args.global_batch} is smaller than the {world_size} ranks")
     elif args.micro_batches is None:
         least = min(max(MIN_MICRO_BATCHES, world_size), args.global_batch)
-        args.micro_batches = next(m for m in range(least, args.global_batch + 1) if args.global_batch % m == 0)
+        args.micro_batches = smallest_divisor(args.global_batch, least)
     elif args.global_batch % args.micro_batches:
         problems.append(f"--global-batch {args.global_batch} must split into --micro-batches {args.micro_batches}")
     elif args.micro_batches < world_size:
         problems.append(f"--micro-batches {args.micro_batches} is fewer than the {world_size} ranks")
     if args.accumulate == "round" and not reduce_scatters(args.stage):
         problems.append("--accumulate round needs a stage whose gradients meet in a reduce-scatter (1-3), got 0")
+    problems += checkpoint_problems(args) + override_problems(args)
+    options.raise_problems(problems)
+
+
+def smallest_divisor(n: int, least: int) -> int:
+    """The smallest divisor of ``n`` that is ``>= least``, found in O(sqrt(n)) steps (``n`` may be prime)."""
+    divisors = (d for k in range(1, math.isqrt(n) + 1) if n % k == 0 for d in (k, n // k))
+    return min(d for d in divisors if d >= least)
+
+
+def checkpoint_problems(args) -> list[str]:
+    """What is wrong with the checkpoint flags: one without the other, or flags that would save nothing."""
+    problems = []
     if (args.checkpoint_dir is None) != (args.checkpoint_every is None):
         problems.append("--checkpoint-dir and --checkpoint-every go together: give both or neither")
-    problems += override_problems(args)
-    options.raise_problems(problems)
+    elif args.checkpoint_every is not None and args.checkpoint_every > args.steps:
+        every, steps = args.checkpoint_every, args.steps
+        problems.append(f"--checkpoint-every {every} is more than --steps {steps}: no checkpoint would be saved")
+    if args.keep is not None and args.checkpoint_dir is None:
+        problems.append("--keep needs --checkpoint-dir: there are no checkpoints to keep")
+    args.keep = args.keep or DEFAULT_KEEP
+    return problems
 
 
 # The settings that change a run's numbers: a resumed run must match them (or name them in --resume-override),
@@ -139,7 +166,7 @@ def run(args, comm) -> int:
     task = entry(args.model, Size.of(args))
     data = task.load()
     model = task.build(data)
-    preflight.check(args, task, data, model, Collectives(comm, args.watchdog or None))
+    preflight.check(args, task, data, Collectives(comm, args.watchdog or None))
     rss_baseline = peak_rss_bytes()  # the interpreter, NumPy, MPI and the data: before any training state
     precision = PRECISIONS[args.precision]
     xp = device_module(args.device)
@@ -179,17 +206,29 @@ def run(args, comm) -> int:
             if rank0:
                 print(f"saved {path}", flush=True)
     rss_steps = peak_rss_bytes()  # before evaluation and saving, which can need more than the steps
-    master = engine.master_params()
+    master, problem = engine.master_params(), None
     if rank0:
         print_accounting(engine, -(-args.micro_batches // comm.Get_size()), trainer.reduce_each_round)
         print(f"redone (scale prediction missed): {engine.redone_steps} of {args.steps - first_step + 1} steps")
         print(task.evaluate(model, data, master))
+        memory = {**engine.memory_report(), "rss_baseline": rss_baseline, "rss_steps": rss_steps}
+        problem = write_outputs(args, model, master, memory)
+    agree.raise_if_any(engine.collectives, problem, "writing the outputs")
+    return 0
+
+
+def write_outputs(args, model, master: dict, memory: dict) -> str | None:
+    """Write --save-params and --memory-json (rank 0); return what went wrong, for every rank to report."""
+    try:
         if args.save_params:
             save_flat(args.save_params, model, master)
         if args.memory_json:
-            report = {**engine.memory_report(), "rss_baseline": rss_baseline, "rss_steps": rss_steps}
-            files.write(args.memory_json, lambda f: f.write(json.dumps(report).encode()))
-    return 0
+            files.write(args.memory_json, lambda f: f.write(json.dumps(memory).encode()))
+    except OSError as error:
+        return f"cannot write {checkpoint.describe(error)}"
+    except files.OutputError as error:  # replaced by something not a file since the check before the steps
+        return str(error)
+    return None
 
 
 def make_engine(args, model, precision, comm, xp) -> ZeroEngine:

@@ -59,7 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(args, world_size: int) -> None:
     """Raise a ZeroError for settings no verification could use (ranges are checked while parsing)."""
-    options.raise_problems(options.device_problems(args))
+    problems = options.device_problems(args)
+    if args.perturb_rank is not None and not 0 <= args.perturb_rank < world_size:
+        problems.append(f"--perturb-rank {args.perturb_rank} is not a rank of the {world_size} ranks")
+    options.raise_problems(problems)
 
 
 OUTPUTS: dict[str, str] = {}

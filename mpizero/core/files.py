@@ -72,16 +72,26 @@ def _in_system_tree(path: str) -> str | None:
     return next((tree for tree in SYSTEM_TREES if real == tree or real.startswith(tree + "/")), None)
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file: the same real path, or the same inode (a hard link)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet
+        return False
+
+
 def _inside(path: str, folder: str) -> bool:
     path, folder = os.path.realpath(path), os.path.realpath(folder)
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-def output_problems(outputs: dict[str, str], inputs: dict[str, str]) -> list[str]:
+def output_problems(outputs: dict[str, str], inputs: dict[str, str], directories: dict[str, str]) -> list[str]:
     """Why the output files ``{flag: path}`` could not be written, or would clobber an input or each other.
 
     ``inputs`` (``{flag: path}``): files or checkpoint directories the command reads; an output may be
-    neither one of them nor inside one.
+    neither one of them nor inside one. ``directories``: output directories, which no output file may be.
     """
     problems = [p for flag, path in outputs.items() if (p := _output_problem(flag, path))]
     for flag, path in outputs.items():
@@ -89,10 +99,14 @@ def output_problems(outputs: dict[str, str], inputs: dict[str, str]) -> list[str
             if _inside(path, source):
                 where = "is" if os.path.realpath(path) == os.path.realpath(source) else "lies inside"
                 problems.append(f"{flag} {path} {where} the input {in_flag} {source}: it would be overwritten")
+    for flag, path in outputs.items():
+        for dir_flag, folder in directories.items():
+            if os.path.realpath(path) == os.path.realpath(folder):
+                problems.append(f"{flag} {path} is also {dir_flag}: a file cannot be the directory too")
     named = list(outputs.items())
     for i, (flag, path) in enumerate(named):
         for other_flag, other in named[i + 1 :]:
-            if os.path.realpath(path) == os.path.realpath(other):
+            if _same_file(path, other):
                 problems.append(
                     f"{flag} {path} and {other_flag} {other} are the same file: one would replace the other"
                 )

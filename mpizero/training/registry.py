@@ -6,7 +6,8 @@ Every entry has the same interface: ``problems()`` (what is wrong with the
 sizes), ``load()`` (its data), ``data_problems(data)`` (what the sizes ask of
 the data that it cannot give), ``build(data)``, ``unit_runs(data)`` (the
 model's units as runs of alike ones, for the formulas), ``micro_batch(...)``,
-``samples_per_item`` and ``unit`` (for throughput), and ``evaluate(...)``.
+``batch_bytes(data, samples, loaded)`` (about the memory the data of a step
+takes), ``samples_per_item`` and ``unit`` (for throughput), and ``evaluate(...)``.
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ class DigitsMLP:
         layers = [((d_in, width), 1), ((width, width), self.size.layers - 1), ((width, 10), 1)]
         return [Run((a * b, b), count) for (a, b), count in layers]
 
+    def batch_bytes(self, data: Digits, samples: int, loaded: int) -> int:
+        """About the bytes of ``loaded`` micro-batches of ``samples`` digits, one of them through forward and
+        backward (each layer keeps its input and pre-activation; backward makes one more of each)."""
+        d_in, outputs = data.x.shape[1], self.width * self.size.layers + 10
+        return samples * (loaded * (4 * d_in + 8) + 4 * (2 * d_in + 4 * outputs))
+
     def micro_batch(self, data: Digits, seed: int, step: int, micro_batch: int, size: int, count: int):
         return data.micro_batch(seed, step, micro_batch, size, count)
 
@@ -125,6 +132,14 @@ class TextTransformer:
             len(data.alphabet), self.size.block_size, self.width, self.size.heads, 1
         ).units
         return [Run(_numels(embedding), 1), Run(_numels(block), self.size.layers), Run(_numels(head), 1)]
+
+    def batch_bytes(self, data: Corpus, samples: int, loaded: int) -> int:
+        """About the bytes of ``loaded`` micro-batches of ``samples`` windows, one of them through forward and
+        backward: per token each block keeps about 16 widths and one attention row per head, the head a few
+        vocabulary-sized rows; backward makes about one block's worth more."""
+        t, width, heads, vocab = self.size.block_size, self.width, self.size.heads, len(data.alphabet)
+        block = 16 * width + heads * t
+        return samples * t * (loaded * 16 + 4 * ((self.size.layers + 1) * block + 4 * vocab))
 
     def micro_batch(self, data: Corpus, seed: int, step: int, micro_batch: int, size: int, count: int):
         return data.micro_batch(seed, step, micro_batch, size, self.size.block_size)

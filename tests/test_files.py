@@ -1,0 +1,56 @@
+"""Output files: written whole or not at all; the checks that refuse a clobbering output before any work."""
+
+import os
+
+import pytest
+
+from mpizero.core import files
+
+
+def test_write_replaces_whole_and_leaves_no_temporary_file(tmp_path):
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"old")
+    files.write(str(target), lambda f: f.write(b"new"))
+    assert target.read_bytes() == b"new" and os.listdir(tmp_path) == ["out.bin"]
+
+    def fails(f):
+        f.write(b"half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        files.write(str(target), fails)
+    assert target.read_bytes() == b"new" and os.listdir(tmp_path) == ["out.bin"]
+
+
+def test_write_refuses_what_is_not_a_regular_file(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(files.OutputError, match="fifo is a FIFO, not a file: refusing to replace it"):
+        files.write(str(tmp_path / "fifo"), lambda f: f.write(b"x"))
+    assert not (tmp_path / "fifo").is_file()
+
+
+def test_one_file_under_two_names_is_refused(tmp_path):
+    (tmp_path / "a").write_text("x")
+    os.link(tmp_path / "a", tmp_path / "hard")
+    os.symlink(tmp_path / "a", tmp_path / "soft")
+    for other in ("hard", "soft", "sub/../a"):
+        (tmp_path / "sub").mkdir(exist_ok=True)
+        found = files.output_problems({"--x": str(tmp_path / "a"), "--y": str(tmp_path / other)}, {}, {})
+        assert found and "are the same file" in found[0], other
+    assert files.output_problems({"--x": str(tmp_path / "a"), "--y": str(tmp_path / "b")}, {}, {}) == []
+
+
+def test_an_output_inside_an_input_is_refused_and_a_sibling_is_not(tmp_path):
+    (tmp_path / "ck").mkdir()
+    inside = files.output_problems({"out": str(tmp_path / "ck" / "x.npz")}, {"checkpoint": str(tmp_path / "ck")}, {})
+    assert inside == [
+        f"out {tmp_path}/ck/x.npz lies inside the input checkpoint {tmp_path}/ck: it would be overwritten"
+    ]
+    assert files.output_problems({"out": str(tmp_path / "ck2.npz")}, {"checkpoint": str(tmp_path / "ck")}, {}) == []
+
+
+def test_free_space_is_summed_per_file_system(tmp_path):
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    assert files.space_problems({"--a": (str(tmp_path / "a"), 1), "--b": (str(tmp_path / "new" / "b"), 1)}) == []
+    (problem,) = files.space_problems({"--a": (str(tmp_path / "a"), free), "--b": (str(tmp_path / "b"), free)})
+    assert problem.startswith(f"not enough free space for --a {tmp_path}/a and --b {tmp_path}/b: about")
