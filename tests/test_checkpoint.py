@@ -449,22 +449,23 @@ def small_disk(tmp_path, kib: int):
     return mount
 
 
-@pytest.fixture
-def tiny_disk(tmp_path):
-    mount = small_disk(tmp_path, 16)
+def mounted(tmp_path, mib: int):
+    """A tmpfs of ``mib`` MiB for the test, unmounted after it."""
+    mount = small_disk(tmp_path, mib)
     try:
         yield mount
     finally:
         subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    yield from mounted(tmp_path, 16)
 
 
 @pytest.fixture
 def disk_for_one_save(tmp_path):
-    mount = small_disk(tmp_path, 144)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
+    yield from mounted(tmp_path, 144)
 
 
 def test_too_little_free_space_is_refused_before_the_first_step(tiny_disk):

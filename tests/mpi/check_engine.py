@@ -15,9 +15,10 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from expect import expect_error
 from standin import StandInDevice  # noqa: E402
 
-from mpizero import SGD, Adam, Reference, ZeroEngine, ZeroError, split_evenly
+from mpizero import SGD, Adam, Reference, ZeroEngine, split_evenly
 from mpizero.comm.collectives import Collectives
 from mpizero.comm.cuda_aware import cuda_aware
 from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
@@ -29,16 +30,6 @@ rank, size = comm.Get_rank(), comm.Get_size()
 MODEL = MLP((7, 17, 11, 3))
 GROUPS = [["l0.w", "l0.b"], ["l1.w", "l1.b", "l2.w"], ["l2.b"]]
 MICRO_BATCHES = 5  # uneven over 2, 3 and 4 ranks
-
-
-def expect_error(fn, *fragments):
-    try:
-        fn()
-    except ZeroError as error:
-        for fragment in fragments:
-            assert fragment in str(error), (fragment, str(error))
-        return
-    raise AssertionError(f"expected ZeroError containing {fragments}")
 
 
 def train(stage, optimizer, reduction="exact", steps=4):

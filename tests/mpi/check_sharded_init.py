@@ -9,9 +9,10 @@ compares across world sizes, then ``sharded init checks ok``.
 from functools import partial
 
 import numpy as np
+from expect import expect_error
 from mpi4py import MPI
 
-from mpizero import Adam, Reference, ShardedInit, ZeroEngine, ZeroError, philox_normal, split_evenly
+from mpizero import Adam, Reference, ShardedInit, ZeroEngine, philox_normal, split_evenly
 from mpizero.core.stages import STAGES
 from mpizero.training.mlp import MLP, regression_batch
 from mpizero.training.model import forward_backward, param_shapes
@@ -97,16 +98,6 @@ def check_identity_in_bf16():
         with sharded.gathered() as a, arrays.gathered() as b:
             assert same_bytes(a, b) and next(iter(a.values())).dtype.name == "bfloat16", stage
         assert same_bytes(sharded.master_params(), arrays.master_params()), stage
-
-
-def expect_error(fn, *fragments):
-    try:
-        fn()
-    except ZeroError as error:
-        for fragment in fragments:
-            assert fragment in str(error), (fragment, str(error))
-        return
-    raise AssertionError(f"expected ZeroError containing {fragments}")
 
 
 def broken(on_rank, answer):
