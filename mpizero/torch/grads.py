@@ -18,12 +18,14 @@ Glossary:
 
 from __future__ import annotations
 
+from mpizero.torch.sync import Operation
+
 
 class GradientIntake:
     """This rank's gradients of the step so far, from autograd's post-accumulate hooks."""
 
-    def __init__(self, engine, group_of: dict[str, int], announce_round) -> None:
-        self.engine, self.group_of, self.announce_round = engine, group_of, announce_round
+    def __init__(self, engine, group_of: dict[str, int], announce) -> None:
+        self.engine, self.group_of, self.announce = engine, group_of, announce
         self.per_round = engine.groups[0].plan.reduces_each_round
         self.streaming = False
         self.counted = True  # False inside ``not_counted()``: gradients are dropped
@@ -61,7 +63,7 @@ class GradientIntake:
         names = self.engine.groups[group].layout.names
         grads = {n: self.current.pop(n) for n in names if n in self.current}
         if self.per_round:
-            self.announce_round(group)
+            self.announce(Operation.REDUCE_ROUND, group)
             self.engine.reduce_round(group, grads)
         else:
             self.engine.accumulate(grads, groups=[group])
@@ -70,8 +72,7 @@ class GradientIntake:
         """Start the reduction of every complete group, in descending order (the same on every rank)."""
         in_hand = () if self.streaming else [*self.kept, self.current] if self.counted else self.kept
         while self.next_group >= 0 and not self.missing[self.next_group]:
-            self.engine.start_reduce(self.next_group, in_hand)
-            self.next_group -= 1
+            self._start(self.next_group, in_hand)
 
     def backward_done(self) -> None:
         """End of one backward: keep its dict, or hand in the groups it left incomplete (the engine names them)."""
@@ -87,9 +88,14 @@ class GradientIntake:
     def start_all(self) -> None:
         """Start every group's reduction not yet started (``step()``), with the kept gradients if kept."""
         in_hand = () if self.streaming else self.kept
-        for index in range(self.next_group, -1, -1):
-            self.engine.start_reduce(index, in_hand)
-        self.next_group = -1
+        while self.next_group >= 0:
+            self._start(self.next_group, in_hand)
+
+    def _start(self, index: int, in_hand) -> None:
+        """Announce, then start group ``index``'s reduction for the step (the next, in descending order)."""
+        self.announce(Operation.REDUCE, index)
+        self.engine.start_reduce(index, in_hand)
+        self.next_group = index - 1
 
     def kept_bytes(self) -> int:
         """Bytes of gradients held here now (kept dicts, and a streamed backward's incomplete groups)."""

@@ -86,8 +86,8 @@ class ShardedModel:
             self.hooks = UnitHooks(model, self.units, group_of, self.binder, self._backward_started)
         for name, p in self.params.items():
             p.register_post_accumulate_grad_hook(partial(self._grad_ready, name))
-        self.grads = GradientIntake(self.engine, group_of, partial(self.announcer.announce, Operation.REDUCE_ROUND))
-        self._in_backward = self._joining = self._step_announced = False
+        self.grads = GradientIntake(self.engine, group_of, self.announcer.announce)
+        self._in_backward = self._joining = False
         self._grad_norm: float | None = None  # clip_grad_norm_() reduced this step's gradients already
         self._ended: StepResult | None = None  # ... and the step ended there (skipped)
 
@@ -101,8 +101,6 @@ class ShardedModel:
     def _grad_ready(self, name: str, param: torch.nn.Parameter) -> None:
         self._backward_started()
         grad, param.grad = param.grad, None
-        if self.grads.reduce_in_backward and not self.grads.started_reducing:
-            self._announce_step()
         self.grads.take(name, as_array(grad.contiguous()))
         if self.hooks is not None:
             self.hooks.grad_ready(name)
@@ -170,17 +168,16 @@ class ShardedModel:
             return self._step_streamed(closure)
         finally:
             self.grads.reset()
-            self._step_announced, self._grad_norm, self._ended = False, None, None
+            self._grad_norm, self._ended = None, None
             self.binder.refresh()
 
     def _step_streamed(self, closure) -> StepResult:
-        self._announce_step()
+        self.announcer.announce(Operation.STEP)
         kept = self.grads.kept_bytes() > 0
         agree.raise_if_any(self.engine.collectives, _before_closure(kept, self._grad_norm), "step(closure)")
         self.grads.streaming = True
         try:
             while True:
-                self._step_announced = False
                 with self.join():
                     loss = closure()
                 result = self._finish_step()
@@ -190,14 +187,8 @@ class ShardedModel:
         finally:
             self.grads.streaming = False
 
-    def _announce_step(self) -> None:
-        if not self._step_announced:
-            self.announcer.announce(Operation.STEP)
-            self._step_announced = True
-
     def _reduce(self) -> StepResult | None:
         """Reduce this step's gradients (the step's result instead, if it ends there: skipped or redo)."""
-        self._announce_step()
         self.grads.start_all()
         return self.engine.finish_reduction()
 
@@ -212,6 +203,7 @@ class ShardedModel:
             if self._ended is not None:
                 return self._ended
             grad_norm = self._grad_norm
+        self.announcer.announce(Operation.STEP)
         return self.engine.apply_update(grad_norm)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> float:

@@ -42,6 +42,7 @@ class Operation(enum.IntEnum):
     LOAD = 8
     MASTER_PARAMS = 9
     REDUCE_ROUND = 10
+    REDUCE = 11
 
 
 DESCRIBED = {
@@ -56,8 +57,10 @@ DESCRIBED = {
     Operation.LOAD: "called load()",
     Operation.MASTER_PARAMS: "called master_params()",
     Operation.REDUCE_ROUND: "reduce-scattered a backward's gradients",
+    Operation.REDUCE: "called step() or clip_grad_norm_(), reducing the step's gradients",
 }
 SHADOWED = (Operation.GATHER, Operation.REDUCE_ROUND)  # what joined ranks take part in
+BY_GROUP = (*SHADOWED, Operation.REDUCE)  # operations on one group, named with it
 
 
 class Announcer:
@@ -89,7 +92,7 @@ class Announcer:
         everyone = self.collectives.allgather_object((int(operation), detail), "the announced operations")
         by_what: dict[str, list[int]] = {}
         for rank, (op, group) in enumerate(everyone):
-            what = DESCRIBED[Operation(op)] + (f" (group {group})" if op in SHADOWED else "")
+            what = DESCRIBED[Operation(op)] + (f" (group {group})" if op in BY_GROUP else "")
             by_what.setdefault(what, []).append(rank)
         seen = "; ".join(f"ranks {ranks} {what}" for what, ranks in by_what.items())
         raise ZeroError(
