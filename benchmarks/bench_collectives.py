@@ -38,10 +38,10 @@ def reduction_path(coll, reduction, grads, specs, shard_out):
     numel = grads["g"].size
     local = coll.shared_buffer(numel, reduction.wire_dtype) if coll.shared else np.empty(numel, reduction.wire_dtype)
     reduced = np.empty(shard_out.size, dtype=reduction.wire_dtype)
-    scale = reduction.scale_for(1.0, coll.comm.Get_size())
+    scale = reduction.choose(None, 1.0, coll.comm.Get_size(), 0)  # gradients in [-1, 1]
 
     def run():
-        reduction.encode(local, [grads], specs, [scale])
+        reduction.add(local, grads, specs, [scale], first=True)
         coll.reduce_scatter(local, reduced)
         reduction.decode(reduced, scale, coll.comm.Get_size(), shard_out)
 
