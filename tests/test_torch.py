@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from mpirun import ROOT, WORLD_SIZES, run_mpi_ok
 
-torch = pytest.importorskip("torch", reason="mpizero.torch needs torch: pip install -e '.[torch]'")
+torch = pytest.importorskip("torch", reason="mpizero.torch needs torch: add its CPU build (docs/getting-started.md)")
 sys.path.insert(0, str(ROOT / "tests" / "mpi"))
 import torch_models  # noqa: E402
 
