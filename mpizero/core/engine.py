@@ -21,7 +21,7 @@ from mpi4py import MPI
 from mpizero.comm import agree, launch
 from mpizero.comm.collectives import Collectives
 from mpizero.core import norm, scales, setup
-from mpizero.core.arrays import array_module, to_host
+from mpizero.core.arrays import array_module
 from mpizero.core.config import ZeroConfig
 from mpizero.core.group import FlatGroup, ParamState, StatePiece
 from mpizero.core.init import ShardedInit, from_arrays
@@ -373,11 +373,7 @@ class ZeroEngine:
 
         Call ``publish`` once every group is set, with every group released, so all ranks compute with them.
         """
-        group = self.groups[index]
-        start, stop = group.owned_range
-        for _, spec, lo, hi in group.layout.overlaps(start, stop):
-            flat = values[spec.name].reshape(-1)
-            group.master_shard[lo - start : hi - start] = flat[lo - spec.offset : hi - spec.offset]
+        self.groups[index].set_master(values)
 
     def publish(self) -> None:
         """Make the parameters every rank computes with equal to the master again (after the state was set)."""
@@ -400,13 +396,7 @@ class ZeroEngine:
 
     def master_group(self, index: int) -> dict[str, np.ndarray]:
         """Return group ``index``'s full float32 master parameters by name on every rank (host arrays; collective)."""
-        group = self.groups[index]
-        full = np.empty(group.partition.padded_numel, dtype=np.float32)
-        start, stop = group.partition.shard_range(group.rank)
-        owned_start = start - group.owned_range[0]
-        shard = to_host(group.master_shard[owned_start : owned_start + stop - start])
-        self.collectives.allgather(np.ascontiguousarray(shard), full, counted_as="report")
-        return {k: v.copy() for k, v in group.layout.views(full).items()}
+        return self.groups[index].full_master(self.collectives)
 
     def master_digest(self) -> str:
         """A digest of the fp32 master params, the same at any world size (collective: each rank digests its shard)."""

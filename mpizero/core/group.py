@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpizero.core.arrays import to_host
 from mpizero.core.layout import FlatLayout, TensorSpec
 from mpizero.core.stages import GradientCollective, Publish, ShardPlan
 
@@ -113,6 +114,22 @@ class FlatGroup:
             )
             for _, spec, lo, hi in self.layout.overlaps(start, stop)
         ]
+
+    def set_master(self, values) -> None:
+        """Set the master shard from full float32 tensors by name (the owned range of each)."""
+        start, stop = self.owned_range
+        for _, spec, lo, hi in self.layout.overlaps(start, stop):
+            flat = values[spec.name].reshape(-1)
+            self.master_shard[lo - start : hi - start] = flat[lo - spec.offset : hi - spec.offset]
+
+    def full_master(self, collectives) -> dict:
+        """The full float32 master params by name on every rank, as host arrays (all-gather, counted as report)."""
+        full = np.empty(self.partition.padded_numel, dtype=np.float32)
+        start, stop = self.partition.shard_range(self.rank)
+        owned_start = start - self.owned_range[0]
+        shard = to_host(self.master_shard[owned_start : owned_start + stop - start])
+        collectives.allgather(np.ascontiguousarray(shard), full, counted_as="report")
+        return {k: v.copy() for k, v in self.layout.views(full).items()}
 
     def init_optimizer(self, state_names) -> None:
         self.optimizer_state = {n: self.xp.zeros_like(self.master_shard) for n in state_names}

@@ -32,10 +32,6 @@ def reset(module: torch.nn.Module) -> None:
         module.reset_parameters()
 
 
-def initializes_itself(module: torch.nn.Module) -> bool:
-    return hasattr(module, "reset_parameters")
-
-
 def is_meta_model(params: dict) -> bool:
     """Whether the trainable parameters are on the meta device (all of them, or the model is refused)."""
     on_meta = [name for name, p in params.items() if p.is_meta]
@@ -71,7 +67,7 @@ class MetaInit:
         self.params = trainable(model)
         self.canonical = {id(p): name for name, p in self.params.items()}
         if init is None:
-            covered = {id(p) for m in self.order if initializes_itself(m) for p in m.parameters(recurse=False)}
+            covered = {id(p) for m in self.order if hasattr(m, "reset_parameters") for p in m.parameters(recurse=False)}
             left = [name for name, p in self.params.items() if id(p) not in covered]
             if left:
                 raise ValueError(
