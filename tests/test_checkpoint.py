@@ -225,39 +225,41 @@ def consolidate_from(path: Path, tmp_path):
     return lambda: run_mpi(2, args)
 
 
-# Damage to the rank files: each names the file (and the manifest field it contradicts).
+# Damage to the rank files: each names the file (and what it contradicts).
 
 
 def truncate(path: Path) -> str:
-    data = (path / "rank00001-master.npy").read_bytes()
-    (path / "rank00001-master.npy").write_bytes(data[:-8])
-    return "rank00001-master.npy: "
+    data = (path / "rank00001.bin").read_bytes()
+    (path / "rank00001.bin").write_bytes(data[:-8])
+    return f"rank00001.bin: {len(data) - 8} bytes, the manifest's layout says {len(data)} (truncated or replaced)"
 
 
 def flip_a_byte(path: Path) -> str:
-    data = bytearray((path / "rank00002-exp_avg.npy").read_bytes())
+    data = bytearray((path / "rank00002.bin").read_bytes())
+    data[100] ^= 1
+    (path / "rank00002.bin").write_bytes(bytes(data))
+    return "rank00002.bin: bytes [0, "  # the first block: "... do not match their digest (the file changed)"
+
+
+def flip_a_digest(path: Path) -> str:
+    data = bytearray((path / "rank00000.bin").read_bytes())
     data[-1] ^= 1
-    (path / "rank00002-exp_avg.npy").write_bytes(bytes(data))
-    return "rank00002-exp_avg.npy: checksum mismatch with manifest field files['rank00002-exp_avg.npy'].sha256"
+    (path / "rank00000.bin").write_bytes(bytes(data))
+    return "rank00000.bin: its digest table does not match the manifest (the file changed)"
 
 
 def delete_a_file(path: Path) -> str:
-    (path / "rank00003-exp_avg_sq.npy").unlink()
-    return "rank00003-exp_avg_sq.npy: missing"
+    (path / "rank00003.bin").unlink()
+    return "rank00003.bin: missing"
 
 
-def needs_pickle(path: Path) -> str:
-    name = "rank00000-master.npy"
-    np.save(path / name, np.array([{"evil": 1}], dtype=object), allow_pickle=True)
-    edit(path, lambda m: m["files"][name].update(bytes=(path / name).stat().st_size, sha256=file_sha(path / name)))
-    return "would need pickle to load; refusing"
+def a_fifo_instead(path: Path) -> str:
+    (path / "rank00001.bin").unlink()
+    os.mkfifo(path / "rank00001.bin")
+    return "rank00001.bin: not a regular file"
 
 
-def file_sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.mark.parametrize("damage", [truncate, flip_a_byte, delete_a_file, needs_pickle])
+@pytest.mark.parametrize("damage", [truncate, flip_a_byte, flip_a_digest, delete_a_file, a_fifo_instead])
 def test_damaged_rank_files_fail_on_every_rank_naming_file_and_problem(tmp_path, saved, damage):
     path = copy_of(saved, tmp_path)
     expected = damage(path)
@@ -277,36 +279,6 @@ def edit(path: Path, change, seal: bool = True) -> None:
     (path / "manifest.json").write_text(json.dumps(manifest))
 
 
-def busiest(m) -> int:
-    """The rank with the most pieces (at least two)."""
-    return max(range(len(m["pieces"])), key=lambda r: len(m["pieces"][r]))
-
-
-def split_piece(m) -> tuple[int, int]:
-    """A piece that is not a tensor's first: (rank, index)."""
-    return next((r, i) for r, ps in enumerate(m["pieces"]) for i, p in enumerate(ps) if p["start"] > 0)
-
-
-def last_piece_of_a_tensor(m) -> tuple[int, int]:
-    numel = {t["name"]: int(np.prod(t["shape"])) for t in m["tensors"]}
-    return next((r, i) for r, ps in enumerate(m["pieces"]) for i, p in enumerate(ps) if p["stop"] == numel[p["name"]])
-
-
-def first_piece_past(m, name: str, numel: int) -> tuple[int, int]:
-    return next(
-        (r, i) for r, ps in enumerate(m["pieces"]) for i, p in enumerate(ps) if p["name"] == name and p["stop"] > numel
-    )
-
-
-def shift_at(m):
-    m["pieces"][busiest(m)][1]["at"] += 1
-
-
-def swap_at(m):
-    first, second = m["pieces"][busiest(m)][:2]
-    first["at"], second["at"] = second["at"], first["at"]
-
-
 def edit_step(m):
     m["training"]["step"] = 2
 
@@ -315,28 +287,40 @@ def widen_a_tensor(m):
     m["tensors"][0]["shape"] = [64, 99]
 
 
-def narrow_a_tensor(m):
-    m["tensors"][0]["shape"] = [64, 1]
+def swap_digests(m):
+    m["files"][0], m["files"][1] = m["files"][1], m["files"][0]
 
 
-def gap(m):
-    r, i = split_piece(m)
-    m["pieces"][r][i]["start"] += 1
+def drop_a_tensor_from_its_group(m):
+    m["partition"]["groups"][0].remove("l1.b")
 
 
-def overlap(m):
-    r, i = split_piece(m)
-    m["pieces"][r][i]["start"] -= 1
+def place_a_tensor_twice(m):
+    m["partition"]["groups"][0].append("l1.b")
 
 
-def out_of_bounds(m):
-    r, i = last_piece_of_a_tensor(m)
-    m["pieces"][r][i]["stop"] += 1
+def group_an_unknown_tensor(m):
+    m["partition"]["groups"].append(["l9.w"])
 
 
-def past_the_rank_file(m):
-    for state in m["states"]:
-        m["files"][f"rank00001-{state}.npy"]["shape"][0] -= 1
+def align_zero(m):
+    m["partition"]["align"] = 0
+
+
+def odd_block_bytes(m):
+    m["block_bytes"] = 65535
+
+
+def small_blocks(m):
+    m["block_bytes"] = 512
+
+
+def one_digest_short(m):
+    m["files"].pop()
+
+
+def a_digest_in_upper_case(m):
+    m["files"][2] = m["files"][2].upper()
 
 
 def negative_step(m):
@@ -352,24 +336,37 @@ def bad_checksum(m):
 
 
 def field_of(m, name):
-    """The field a sealed damage names, found from the manifest before the damage."""
+    """What a sealed damage's refusal names, found from the manifest before the damage."""
     fields = {
-        shift_at: lambda: f"field pieces[{busiest(m)}][1].at: ",
-        swap_at: lambda: f"field pieces[{busiest(m)}][0].at: ",
-        widen_a_tensor: lambda: "field tensors[0].shape: [64, 99] holds 6336 elements",
-        narrow_a_tensor: lambda: "field pieces[{}][{}].stop: ".format(*first_piece_past(m, "l0.w", 64)),
-        gap: lambda: "field pieces: elements [",
-        overlap: lambda: "field pieces[{}][{}].start: ".format(*split_piece(m)),
-        out_of_bounds: lambda: "field pieces[{}][{}].stop: ".format(*last_piece_of_a_tensor(m)),
-        past_the_rank_file: lambda: f"field pieces[1][{len(m['pieces'][1]) - 1}].at: piece ends at",
-        negative_step: lambda: "field training.step: must be an integer >= 0, got -1",
-        step_as_text: lambda: "field training.step: must be an integer >= 0, got '4'",
+        swap_digests: lambda: ".bin: its digest table does not match the manifest",
+        drop_a_tensor_from_its_group: lambda: "manifest.json: field partition.groups: 1 tensors are in no group",
+        place_a_tensor_twice: lambda: "manifest.json: field partition.groups[0][{}]: 'l1.b' is also in".format(
+            len(m["partition"]["groups"][0])
+        ),
+        group_an_unknown_tensor: lambda: "manifest.json: field partition.groups[1][0]: 'l9.w' is not in tensors",
+        align_zero: lambda: "manifest.json: field partition.align: must be an integer in [1, 1073741824], got 0",
+        odd_block_bytes: lambda: "manifest.json: field block_bytes: must be a power of two, got 65535",
+        small_blocks: lambda: "the manifest's layout says",  # a longer digest table than the file holds
+        one_digest_short: lambda: "manifest.json: field files: must be a list of 4",
+        a_digest_in_upper_case: lambda: "manifest.json: field files[2]: must be 64 lowercase hex digits",
+        negative_step: lambda: "manifest.json: field training.step: must be an integer >= 0, got -1",
+        step_as_text: lambda: "manifest.json: field training.step: must be an integer >= 0, got '4'",
     }
     return fields[name]()
 
 
-UNSEALED = [shift_at, swap_at, edit_step, widen_a_tensor]
-SEALED = [shift_at, swap_at, widen_a_tensor, narrow_a_tensor, gap, overlap, out_of_bounds, past_the_rank_file]
+UNSEALED = [edit_step, widen_a_tensor, swap_digests, drop_a_tensor_from_its_group]
+SEALED = [
+    swap_digests,
+    drop_a_tensor_from_its_group,
+    place_a_tensor_twice,
+    group_an_unknown_tensor,
+    align_zero,
+    odd_block_bytes,
+    small_blocks,
+    one_digest_short,
+    a_digest_in_upper_case,
+]
 
 
 def damage_manifest(path: Path, change, seal: bool) -> str:
@@ -378,7 +375,7 @@ def damage_manifest(path: Path, change, seal: bool) -> str:
     edit(path, change, seal=seal)
     if not seal or change is bad_checksum:
         return "manifest.json: field checksum: "
-    return "manifest.json: " + field_of(original, change)
+    return field_of(original, change)
 
 
 @pytest.mark.parametrize("seal, change", [(False, c) for c in [*UNSEALED, bad_checksum]] + [(True, c) for c in SEALED])
@@ -388,13 +385,20 @@ def test_manifest_damage_is_refused_on_resume(tmp_path, saved, seal, change):
     refused(tmp_path, path, resume_from(path, tmp_path), expected)
 
 
-@pytest.mark.parametrize(
-    "seal, change", [(False, c) for c in [shift_at, swap_at, widen_a_tensor]] + [(True, c) for c in SEALED]
-)
+@pytest.mark.parametrize("seal, change", [(False, c) for c in [edit_step, swap_digests]] + [(True, c) for c in SEALED])
 def test_manifest_damage_is_refused_by_consolidate(tmp_path, saved, seal, change):
     path = copy_of(saved, tmp_path)
     expected = damage_manifest(path, change, seal)
     refused(tmp_path, path, consolidate_from(path, tmp_path), expected)
+
+
+def test_a_tensor_widened_under_a_recomputed_checksum_is_refused(tmp_path, saved):
+    """Resume names the model that differs; consolidate, which has no model, finds the files too short for it."""
+    path = copy_of(saved, tmp_path)
+    edit(path, widen_a_tensor)
+    expected = "manifest.json: field tensors: saved from another model (l0.w: checkpoint [64, 99] vs model [64, 48])"
+    refused(tmp_path, path, resume_from(path, tmp_path), expected)
+    refused(tmp_path, path, consolidate_from(path, tmp_path), "the manifest's layout says")
 
 
 @pytest.mark.parametrize("change", [negative_step, step_as_text])
@@ -482,7 +486,7 @@ def test_a_full_disk_names_the_os_error_and_leaves_nothing(disk_for_one_save):
     assert done.returncode == 2, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("mpizero: error:")]
     assert len(errors) == 1 and "checkpoint save" in errors[0], done.stderr
-    assert "ENOSPC (No space left on device)" in errors[0] and ".npy" in errors[0], errors[0]
+    assert "ENOSPC (No space left on device)" in errors[0] and ".bin" in errors[0], errors[0]
     assert os.listdir(disk_for_one_save) == ["ckpt-00000002"]  # the partial second save was removed
 
 
@@ -606,7 +610,7 @@ def test_steps_at_or_below_the_checkpoints_step_are_refused(tmp_path, saved):
 
 def test_consolidate_into_its_own_checkpoint_is_refused(tmp_path, saved):
     path = copy_of(saved, tmp_path)
-    args = ["-m", "mpizero", "consolidate", str(path), str(path / "rank00000-master.npy")]
+    args = ["-m", "mpizero", "consolidate", str(path), str(path / "rank00000.bin")]
     refused(tmp_path, path, lambda: run_mpi(2, args), f"lies inside the input checkpoint {path}")
     args = ["-m", "mpizero", "consolidate", str(tmp_path), str(path / "manifest.json")]
     refused(tmp_path, path, lambda: run_mpi(1, args), "lies inside the input checkpoint")
@@ -614,9 +618,7 @@ def test_consolidate_into_its_own_checkpoint_is_refused(tmp_path, saved):
 
 def test_save_params_inside_the_resumed_checkpoint_is_refused(tmp_path, saved):
     path = copy_of(saved, tmp_path)
-    command = functools.partial(
-        train, 1, 2, 6, "--resume", path, "--save-params", path / "rank00000-master.npy", ok=False
-    )
+    command = functools.partial(train, 1, 2, 6, "--resume", path, "--save-params", path / "rank00000.bin", ok=False)
     refused(tmp_path, path, command, "lies inside the input --resume")
 
 

@@ -1,7 +1,6 @@
 """Per-rank costs that must not grow with the number of ranks."""
 
 import json
-import math
 import pickle
 import re
 import subprocess
@@ -10,6 +9,7 @@ import sys
 import pytest
 from mpirun import ROOT, run_mpi_ok
 
+from mpizero.checkpoint import scale, shards
 from mpizero.core import formulas
 from mpizero.training.model import param_shapes
 from mpizero.training.registry import Size, entry
@@ -62,22 +62,22 @@ def test_clipping_adds_two_agreement_calls_and_at_most_the_norms_bytes():
         assert 0 <= short <= formulas.NORM_SUM_BYTES - len(pickle.dumps(0)), row
 
 
-def test_checkpoint_files_pieces_and_bytes_equal_the_formula(tmp_path):
-    n = 3
-    run_mpi_ok(n, [*TRAIN[:6], "2", "--steps", "1", "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "1"])
+def test_one_save_and_a_reshard_equal_what_the_checkpoint_code_predicts(tmp_path):
+    """``scale.one_save`` against a real save at 3 ranks and its load at 2: files, rank 0's file, the manifest's
+    size (but for the run's settings), and the bytes rank 0 read, exactly."""
+    save = [*TRAIN[:6], "2", "--steps", "1", "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "1"]
+    run_mpi_ok(3, save)
     (saved,) = tmp_path.glob("ckpt-*")
-    manifest = json.loads((saved / "manifest.json").read_text())
+    log = run_mpi_ok(2, [*TRAIN[:6], "2", "--steps", "2", "--resume", str(saved)])
+    read = int(re.search(r"rank 0 read ([\d,]+) bytes of rank files", log)[1].replace(",", ""))
     model = entry("transformer", Size()).build(entry("transformer", Size()).load())
-    shapes = param_shapes(model)
-    numels = tuple(tuple(math.prod(shapes[k]) for k in g) for g in make_groups(model, 2, DEFAULT_BUCKET_ELEMS))
-    setup = formulas.Setup(tuple(map(sum, numels)), n, 2)
-    predicted = formulas.checkpoint_per_save(setup, numels)
-    assert predicted["files"] == len(list(saved.iterdir())) == len(manifest["files"]) + 1
-    assert predicted["pieces"] == sum(map(len, manifest["pieces"]))
-    header = 128  # a .npy file's header
-    assert predicted["bytes"] == sum(m["bytes"] - header for m in manifest["files"].values())
-    rank0 = [m["bytes"] - header for name, m in manifest["files"].items() if name.startswith("rank00000-")]
-    assert predicted["bytes per rank"] == sum(rank0) == max(rank0) * 3
+    groups = [list(g) for g in make_groups(model, 2, DEFAULT_BUCKET_ELEMS)]
+    predicted = scale.one_save(param_shapes(model), groups, ["master", "exp_avg", "exp_avg_sq"], 3, 2)
+    assert predicted["files"] == len(list(saved.iterdir())) == 4
+    assert predicted["rank file"] == (saved / "rank00000.bin").stat().st_size
+    assert 0 < (saved / "manifest.json").stat().st_size - predicted["manifest"] < 2048
+    assert predicted["reshard reads"] == read
+    assert predicted["reshard needs"] < read < predicted["reshard needs"] + 3 * 2 * shards.BLOCK_BYTES * len(groups)
 
 
 def estimate(*args: str) -> subprocess.CompletedProcess:
@@ -93,7 +93,7 @@ def test_estimate_scale_prints_stages_1_to_3_and_the_exact_sums_headroom():
         line.split() for line in lines[[n for n, line in enumerate(lines) if line.startswith("stage  groups")][0] + 1 :]
     ]
     assert [row[0] for row in rows[:3]] == ["1", "2", "3"]
-    assert "12,289" in rows[0]  # 4096 ranks x (master + 2 AdamW states) files, and the manifest
+    assert "4,097" in rows[0]  # one file per rank, and the manifest
     assert "take 15 of the int64 sum's 62 bits, leaving 47" in done.stdout
 
 

@@ -8,12 +8,12 @@ a key (``MPIZERO_CHECKPOINT_KEY``, or the file ``MPIZERO_CHECKPOINT_KEY_FILE``
 names), the manifest also carries ``signature``, an HMAC-SHA256 of the same
 canonical JSON under that key; loading with a key refuses a manifest that is
 unsigned or signed under another key. The manifest lists every rank file's
-sha256, so the signature covers the shards too.
+digest (``shards``), so the signature covers the shards too.
 
 ``read`` trusts a manifest in this order: its size and nesting depth (bounded
 before the JSON is parsed), its checksum, its signature when there is a key,
-then its structure (``structure.check``: field types, and pieces that tile
-every tensor and every rank file exactly). Its meaning (same model, same
+then its structure (``structure.check``: field types, and a partition rule
+that places every tensor exactly once). Its meaning (same model, same
 optimizer, same data settings) is the loader's to check. Every refusal is a
 ``CheckpointError`` naming the file and the field.
 """
@@ -33,10 +33,10 @@ from mpizero.checkpoint import structure
 from mpizero.comm.agree import ZeroError
 from mpizero.core import files
 
-FORMAT = "mpizero-checkpoint-4"
+FORMAT = "mpizero-checkpoint-5"
 MANIFEST = "manifest.json"
 KEY_VARIABLE, KEY_FILE_VARIABLE = "MPIZERO_CHECKPOINT_KEY", "MPIZERO_CHECKPOINT_KEY_FILE"
-MAX_BYTES = 1 << 30  # a manifest lists about one piece per rank and group: 93 MiB at 4096 ranks (``estimate --scale``)
+MAX_BYTES = 1 << 30  # a manifest lists one digest per rank: about 330 KiB at 4096 ranks (``estimate --scale``)
 MAX_DEPTH = 16  # ``save`` writes 5 levels; json's parser recurses once per level
 SEALS = ("checksum", "signature")
 STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)

@@ -1,111 +1,217 @@
-"""Rank files: the pieces of each tensor a rank owns, as flat float32 ``.npy`` files, and reading them back.
+"""Rank files: one per rank, every state of that rank's shard, verified block by block as it is read.
 
-``rankRRRRR-STATE.npy`` holds rank R's pieces of STATE (``master`` or an
-optimizer state) back to back, padding stripped. A rank file is opened only
-after its size, sha256, dtype and shape match the manifest, and never unpickled.
+``rankRRRRR.bin`` holds rank R's elements (``layout.SavedLayout.pieces``) as
+little-endian float32, one row per state (``master``, then each optimizer
+state), then the sha256 of each ``block_bytes`` block of those rows. The
+manifest lists, per rank, the sha256 of that digest table: it seals the table,
+the table seals each block, so a reader checks any byte range it reads by
+reading that range's blocks and the table, never the whole file. Nothing is
+unpickled; there is no header to parse.
 """
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import os
-from dataclasses import dataclass
+import stat
+from collections.abc import Iterable
+from typing import BinaryIO
 
 import numpy as np
 
+from mpizero.checkpoint.layout import SavedLayout
 from mpizero.checkpoint.manifest import CheckpointError
-from mpizero.checkpoint.structure import file_name
+
+DIGEST = hashlib.sha256().digest_size
+BLOCK_BYTES = 1 << 14  # 16 KiB: a reshard reads at most one block more at each end of a run; tables add 0.2%
+ELEMENT = np.dtype("<f4")
 
 
-@dataclass(frozen=True)
-class Piece:
-    """Elements ``[start, stop)`` of tensor ``name`` (flat, unpadded), at ``[at, at + stop - start)`` in a rank file."""
-
-    name: str
-    start: int
-    stop: int
-    at: int
+def file_name(rank: int) -> str:
+    """The rank file holding every state of rank ``rank``'s shard."""
+    return f"rank{rank:05d}.bin"
 
 
-def rank_pieces(engine) -> list[tuple[Piece, dict]]:
-    """This rank's shard, tensor by tensor: ``(piece, its arrays by state name)``."""
-    pieces, at = [], 0
-    for piece in engine.shard_pieces():
-        pieces.append((Piece(piece.spec.name, piece.start, piece.stop, at), piece.arrays))
-        at += piece.stop - piece.start
-    return pieces
+def blocks(data_bytes: int, block_bytes: int) -> int:
+    """Blocks in a rank file of ``data_bytes`` bytes of rows."""
+    return -(-data_bytes // block_bytes)
 
 
-def sha256(path: str) -> str:
-    """The sha256 of a file's bytes, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def file_bytes(length: int, states: int, block_bytes: int) -> int:
+    """Size of a rank file holding ``length`` elements of each of ``states`` states: rows, then the digest table."""
+    data = length * states * ELEMENT.itemsize
+    return data + blocks(data, block_bytes) * DIGEST
 
 
-def open_array(path: str, name: str, meta: dict) -> np.ndarray:
-    """Memory-map one rank file after checking it against its manifest entry ``meta``; never unpickle."""
-    full, field = os.path.join(path, name), f"manifest field files[{name!r}]"
-    if not os.path.isfile(full):
-        raise CheckpointError(f"{full}: missing")
-    size = os.path.getsize(full)
-    if size != meta["bytes"]:
-        raise CheckpointError(f"{full}: {size} bytes, {field}.bytes says {meta['bytes']} (truncated or replaced)")
-    if sha256(full) != meta["sha256"]:
-        raise CheckpointError(f"{full}: checksum mismatch with {field}.sha256 (the file changed after the save)")
-    try:
-        with open(full, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-            if version not in readers:
-                raise ValueError(f".npy format version {version} is not one mpizero writes")
-            shape, _, dtype = readers[version](f)
-    except ValueError as error:
-        raise CheckpointError(f"{full}: not a readable .npy file ({error})") from None
-    if dtype.hasobject:
-        raise CheckpointError(f"{full}: holds Python objects that would need pickle to load; refusing")
-    if dtype != np.float32 or list(shape) != meta["shape"]:
-        raise CheckpointError(f"{full}: {dtype}{list(shape)}, {field} says float32{meta['shape']}")
-    return np.load(full, mmap_mode="r", allow_pickle=False)
+class BlockHasher:
+    """Digests of each ``block_bytes`` block of a byte stream, fed in pieces of any size."""
+
+    def __init__(self, block_bytes: int) -> None:
+        self.block_bytes, self.digests, self._block, self._filled = block_bytes, [], hashlib.sha256(), 0
+
+    def update(self, data: memoryview) -> None:
+        while len(data):
+            take = min(len(data), self.block_bytes - self._filled)
+            self._block.update(data[:take])
+            self._filled, data = self._filled + take, data[take:]
+            if self._filled == self.block_bytes:
+                self._close_block()
+
+    def table(self) -> bytes:
+        """The digest table: every block's sha256, the last (short) block's included."""
+        if self._filled:
+            self._close_block()
+        return b"".join(self.digests)
+
+    def _close_block(self) -> None:
+        self.digests.append(self._block.digest())
+        self._block, self._filled = hashlib.sha256(), 0
 
 
-class PieceReader:
-    """Read any range of any tensor's state from a checkpoint, touching only the files that hold it.
+def write_rank_file(f: BinaryIO, rows: Iterable[Iterable[np.ndarray]], block_bytes: int) -> str:
+    """Write each row (its arrays back to back, as float32) then the digest table; return the table's sha256.
 
-    The manifest must have passed ``structure.check``: its pieces tile every tensor.
+    Written through Python's file object, so a full disk raises ENOSPC naming no file (the caller adds it).
+    """
+    hasher = BlockHasher(block_bytes)
+    for row in rows:
+        for array in row:
+            data = memoryview(np.ascontiguousarray(array, dtype=ELEMENT)).cast("B")
+            hasher.update(data)
+            f.write(data)
+    table = hasher.table()
+    f.write(table)
+    return hashlib.sha256(table).hexdigest()
+
+
+class RankFile:
+    """One rank file, opened for reading: its size and digest table checked on open, each block as it is read."""
+
+    def __init__(self, path: str, length: int, states: int, block_bytes: int, root: str) -> None:
+        self.path, self.length, self.block_bytes = path, length, block_bytes
+        self.data_bytes = length * states * ELEMENT.itemsize
+        self.bytes_read, self._cached = 0, (-1, b"")
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}: missing") from None
+        try:
+            self.table = self._checked_table(file_bytes(length, states, block_bytes), root)
+        except BaseException:
+            self.close()
+            raise
+
+    def _checked_table(self, expected: int, root: str) -> bytes:
+        """The digest table, once the file is a regular file of the ``expected`` size and the table matches ``root``."""
+        info = os.fstat(self.fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(f"{self.path}: not a regular file")
+        if info.st_size != expected:
+            raise CheckpointError(
+                f"{self.path}: {info.st_size} bytes, the manifest's layout says {expected} (truncated or replaced)"
+            )
+        table = self._pread(self.data_bytes, expected - self.data_bytes)
+        if hashlib.sha256(table).hexdigest() != root:
+            raise CheckpointError(f"{self.path}: its digest table does not match the manifest (the file changed)")
+        return table
+
+    def read(self, row: int, start: int, stop: int, out: np.ndarray) -> None:
+        """Fill ``out`` with elements ``[start, stop)`` of row ``row``, reading and checking only their blocks."""
+        first = (row * self.length + start) * ELEMENT.itemsize
+        last = (row * self.length + stop) * ELEMENT.itemsize
+        into = memoryview(out.view(np.uint8).reshape(-1))
+        position = first
+        while position < last:
+            index = position // self.block_bytes
+            block = self._block(index)
+            lo, hi = position - index * self.block_bytes, min(last - index * self.block_bytes, len(block))
+            into[position - first : position - first + hi - lo] = block[lo:hi]
+            position += hi - lo
+
+    def _block(self, index: int) -> bytes:
+        """Block ``index``, checked against its digest (the last one read is kept: runs often share a block)."""
+        if self._cached[0] != index:
+            start = index * self.block_bytes
+            data = self._pread(start, min(self.block_bytes, self.data_bytes - start))
+            if hashlib.sha256(data).digest() != self.table[index * DIGEST : (index + 1) * DIGEST]:
+                raise CheckpointError(
+                    f"{self.path}: bytes [{start}, {start + len(data)}) do not match their digest (the file changed)"
+                )
+            self._cached = (index, data)
+        return self._cached[1]
+
+    def _pread(self, offset: int, size: int) -> bytes:
+        data = os.pread(self.fd, size, offset)
+        if len(data) != size:
+            raise CheckpointError(f"{self.path}: ended at byte {offset + len(data)}, before {offset + size}")
+        self.bytes_read += size
+        return data
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class CheckpointReader:
+    """Read any range of any tensor's state from a checkpoint, touching only the blocks that hold it.
+
+    ``manifest`` must have passed ``structure.check``. ``bytes_read``: every byte read from rank files so far.
     """
 
     def __init__(self, path: str, manifest: dict) -> None:
         self.path, self.manifest = path, manifest
-        self.pieces: dict[str, list[tuple[int, Piece]]] = {}
-        for rank, rank_pieces_of in enumerate(manifest["pieces"]):
-            for p in rank_pieces_of:
-                self.pieces.setdefault(p["name"], []).append((rank, Piece(**p)))
-        for spans in self.pieces.values():  # they tile the tensor: sorted by start, they are sorted by stop too
-            spans.sort(key=lambda rank_piece: rank_piece[1].start)
-        self.starts = {name: [piece.start for _, piece in spans] for name, spans in self.pieces.items()}
-        self.opened: dict[str, np.ndarray] = {}
+        shapes = {t["name"]: t["shape"] for t in manifest["tensors"]}
+        partition = manifest["partition"]
+        self.layout = SavedLayout(shapes, partition["groups"], partition["align"], manifest["world_size"])
+        self.rows = {state: row for row, state in enumerate(manifest["states"])}
+        self.opened: dict[int, RankFile] = {}
 
-    def read(self, state: str, name: str, start: int, stop: int, out) -> None:
-        """Fill ``out`` (length stop - start) with elements ``[start, stop)`` of tensor ``name``'s ``state``.
+    def read(self, state: str, wanted: Iterable[tuple[str, int, int, np.ndarray]]) -> None:
+        """Fill each ``out`` of ``wanted`` ``(name, start, stop, out)`` with elements ``[start, stop)`` of tensor
+        ``name``'s ``state`` (float32), reading each rank file's blocks in ascending order, so each once."""
+        runs = [
+            (run, out[run.start - start : run.stop - start])
+            for name, start, stop, out in wanted
+            for run in self.layout.runs(name, start, stop)
+        ]
+        for run, out in sorted(runs, key=lambda found: (found[0].rank, found[0].at)):
+            self._file(run.rank).read(self.rows[state], run.at, run.at + run.stop - run.start, out)
 
-        The pieces of a tensor are about one per rank: finding the first by bisection keeps a read O(log N).
-        """
-        spans = self.pieces.get(name, [])
-        for index in range(max(bisect.bisect_right(self.starts.get(name, []), start) - 1, 0), len(spans)):
-            rank, piece = spans[index]
-            if piece.start >= stop:
-                break
-            lo, hi = max(start, piece.start), min(stop, piece.stop)
-            if lo < hi:
-                source = self._file(rank, state)
-                out[lo - start : hi - start] = source[piece.at + lo - piece.start : piece.at + hi - piece.start]
+    @property
+    def bytes_read(self) -> int:
+        return sum(f.bytes_read for f in self.opened.values())
 
-    def _file(self, rank: int, state: str) -> np.ndarray:
-        name = file_name(rank, state)
-        if name not in self.opened:
-            self.opened[name] = open_array(self.path, name, self.manifest["files"][name])
-        return self.opened[name]
+    def _file(self, rank: int) -> RankFile:
+        if rank not in self.opened:
+            m = self.manifest
+            path = os.path.join(self.path, file_name(rank))
+            length = self.layout.rank_length(rank)
+            self.opened[rank] = RankFile(path, length, len(m["states"]), m["block_bytes"], m["files"][rank])
+        return self.opened[rank]
+
+    def __enter__(self) -> CheckpointReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for f in self.opened.values():
+            f.close()
+        self.opened.clear()
+
+
+def bytes_to_read(layout: SavedLayout, wanted: Iterable[tuple[str, int, int]], states: int, block_bytes: int) -> int:
+    """Bytes ``CheckpointReader.read`` reads to fill ``wanted`` (name, start, stop) of every state, state by state.
+
+    It reads each touched file's digest table, and each block a run touches once: it meets a file's blocks in
+    ascending order (runs sorted within a state, states in file order) and keeps the last one it read.
+    """
+    touched: dict[int, set[int]] = {}
+    for row in range(states):
+        for name, start, stop in wanted:
+            for run in layout.runs(name, start, stop):
+                base = (row * layout.rank_length(run.rank) + run.at) * ELEMENT.itemsize
+                end = base + (run.stop - run.start) * ELEMENT.itemsize
+                touched.setdefault(run.rank, set()).update(range(base // block_bytes, (end - 1) // block_bytes + 1))
+    total = 0
+    for rank, indices in touched.items():
+        data = layout.rank_length(rank) * states * ELEMENT.itemsize
+        total += blocks(data, block_bytes) * DIGEST + sum(min(block_bytes, data - i * block_bytes) for i in indices)
+    return total

@@ -2,13 +2,14 @@
 
 Layout of one checkpoint, ``DIR/ckpt-00000012/``:
 
-- ``rank00003-master.npy``, ``rank00003-exp_avg.npy``, ...: one flat float32
-  array per rank and state (``shards``): the concatenation of the tensor
-  pieces that rank owned, padding stripped.
+- ``rank00003.bin``: one file per rank (``shards``), every state of the
+  elements that rank owned (padding stripped) and a digest per 16 KiB block.
 - ``manifest.json`` (``manifest``): world size, stage, the optimizer's type
-  and hyper-parameters, every tensor's name and shape, which piece of which
-  tensor each rank wrote, each file's size, dtype, shape and sha256, the
-  training state with the run's identity, and the manifest's own checksum.
+  and hyper-parameters, every tensor's name and shape, the partition rule
+  (groups and alignment) from which every rank file's layout follows
+  (``layout``), each rank file's digest, the training state with the run's
+  identity, and the manifest's own checksum. Its size grows with the number
+  of ranks by one digest each.
 
 A checkpoint is a directory holding a manifest, whatever it is called. A run
 owns its checkpoint directory: every manifest records the run's identity
@@ -21,13 +22,15 @@ Files are written into ``ckpt-00000012.partial-<run>-<nonce>/``; the manifest is
 written last (``files.write``), then the directory is renamed into place. A
 directory without a manifest is a torn save: ``find_latest`` skips it with a
 message. Loading trusts the manifest's checksum, then its structure, then its
-meaning (``compat``), before any value is read. Pieces are per tensor, so a
-checkpoint loads at any world size and stage (resharding).
+meaning (``compat``), before any value is read. Elements are found by tensor
+name and index, so a checkpoint loads at any world size and stage
+(resharding), and a rank reads only the blocks holding the elements it owns.
 """
 
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 import secrets
@@ -38,9 +41,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpizero.checkpoint import compat, manifest
+from mpizero.checkpoint.layout import SavedLayout
 from mpizero.checkpoint.manifest import MANIFEST, CheckpointError
-from mpizero.checkpoint.shards import PieceReader, rank_pieces, sha256
-from mpizero.checkpoint.structure import file_name
+from mpizero.checkpoint.shards import BLOCK_BYTES, CheckpointReader, file_name, write_rank_file
 from mpizero.comm import agree
 from mpizero.core import faults, files
 from mpizero.core.arrays import to_host
@@ -49,28 +52,12 @@ NAME = re.compile(r"^ckpt-(\d{8})")
 PARTIAL = ".partial-"
 
 
-def _write_synced(path: str, write) -> None:
-    with open(path, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _write_npy(f, flat: np.ndarray) -> None:
-    """Write ``flat`` as a .npy file through Python's file object, so a full disk raises ENOSPC.
-
-    ``np.save`` writes through ``ndarray.tofile``, whose short write raises an
-    OSError without an errno ("N requested and M written").
-    """
-    np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(flat))
-    f.write(memoryview(flat))
-
-
-def save(engine, directory: str, training_state: dict, keep: int | None = None) -> str:
+def save(engine, directory: str, training_state: dict, keep: int | None = None, block_bytes: int = BLOCK_BYTES) -> str:
     """Write a checkpoint of ``engine`` into ``directory`` (collective); return its path.
 
-    ``keep``: how many complete checkpoints to keep (>= 1; None keeps all). A
-    failed save raises the same CheckpointError on every rank and leaves nothing behind.
+    ``keep``: how many complete checkpoints to keep (>= 1; None keeps all). ``block_bytes``: the rank files'
+    digest block (a power of two, 512 bytes to 1 GiB). A failed save raises the same CheckpointError on
+    every rank and leaves nothing behind.
     """
     if keep is not None and keep < 1:
         raise ValueError(f"keep must be >= 1 (or None to keep every checkpoint), got {keep}")
@@ -84,21 +71,16 @@ def save(engine, directory: str, training_state: dict, keep: int | None = None) 
     )
     problem = (owner_problem(directory, run) or _attempt(lambda: os.makedirs(partial))) if rank == 0 else None
     _agree(collectives, problem, partial)
-    pieces = rank_pieces(engine)
-    files: dict = {}
-    problem = _attempt(lambda: files.update(_write_shards(engine, partial, pieces, rank)))
+    digest: list = []
+    problem = _attempt(lambda: digest.append(_write_rank_file(engine, partial, rank, block_bytes)))
     faults.maybe_kill("save", step, rank)
     _agree(collectives, problem, partial)
-    everyone = collectives.gather_object(([p.__dict__ for p, _ in pieces], files), "the checkpoint pieces")
+    digests = collectives.gather_object(digest[0], "the rank files' digests")
     if rank == 0:
         record = {
-            "world_size": engine.comm.Get_size(),
-            "stage": engine.config.stage,
-            "optimizer": compat.optimizer_record(engine.optimizer),
-            "states": compat.state_names(engine),
-            "tensors": compat.tensor_list(engine),
-            "pieces": [rank_pieces_of for rank_pieces_of, _ in everyone],
-            "files": {name: meta for _, rank_files in everyone for name, meta in rank_files.items()},
+            **engine_record(engine),
+            "block_bytes": block_bytes,
+            "files": digests,
             "training": training_state,
             "scales": engine.scale_state(),
         }
@@ -107,25 +89,38 @@ def save(engine, directory: str, training_state: dict, keep: int | None = None) 
     return final
 
 
-def _write_shards(engine, partial: str, pieces: list, rank: int) -> dict:
-    """Write this rank's file of each state into ``partial``; return each file's manifest entry."""
-    files = {}
-    for state in compat.state_names(engine):
-        flat = np.empty(sum(p.stop - p.start for p, _ in pieces), dtype=np.float32)
-        for piece, arrays in pieces:
-            flat[piece.at : piece.at + piece.stop - piece.start] = to_host(arrays[state])
-        path = os.path.join(partial, file_name(rank, state))
-        try:
-            _write_synced(path, lambda f, flat=flat: _write_npy(f, flat))
-        except OSError as error:  # a failed write() names no file: add it
-            raise OSError(error.errno, error.strerror or str(error), path) from error
-        files[file_name(rank, state)] = {
-            "bytes": os.path.getsize(path),
-            "sha256": sha256(path),
-            "dtype": "float32",
-            "shape": [int(flat.size)],
-        }
-    return files
+def engine_record(engine) -> dict:
+    """The manifest's description of what ``engine`` saves: model, optimizer, states and partition rule."""
+    record = {"stage": engine.config.stage, "optimizer": compat.optimizer_record(engine.optimizer)}
+    return {**record, **layout_record(SavedLayout.of_engine(engine), compat.state_names(engine), engine.config.align)}
+
+
+def layout_record(layout: SavedLayout, states: list[str], align: int) -> dict:
+    """The manifest's fields that say where every saved element lies: world size, states, tensors, partition."""
+    return {
+        "world_size": layout.world_size,
+        "states": states,
+        "tensors": [{"name": name, "shape": list(shape)} for name, shape in layout.shapes.items()],
+        "partition": {"align": align, "groups": [list(g.names) for g in layout.layouts]},
+    }
+
+
+def _write_rank_file(engine, partial: str, rank: int, block_bytes: int) -> str:
+    """Write this rank's file into ``partial``, every state of its shard in the layout's order; return its digest."""
+    pieces = engine.shard_pieces()
+    laid_out = [(name, run.start, run.stop) for name, run in SavedLayout.of_engine(engine).pieces(rank)]
+    if laid_out != [(p.spec.name, p.start, p.stop) for p in pieces]:
+        raise CheckpointError(f"rank {rank}: its shard is not the checkpoint layout's (a bug in mpizero)")
+    path = os.path.join(partial, file_name(rank))
+    rows = ([to_host(p.arrays[state]) for p in pieces] for state in compat.state_names(engine))
+    try:
+        with open(path, "wb") as f:
+            digest = write_rank_file(f, rows, block_bytes)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as error:  # a failed write() names no file: add it
+        raise OSError(error.errno, error.strerror or str(error), path) from error
+    return digest
 
 
 def _publish(record: dict, partial: str, final: str, keep: int | None) -> None:
@@ -269,23 +264,36 @@ def resolve(path: str) -> tuple[str, list[str]]:
     return latest, skipped
 
 
-def load(engine, path: str, overrides: Collection[str] = ()) -> dict:
+@dataclass(frozen=True)
+class Loaded:
+    """What ``load`` restored: the saved training state, and the bytes this rank read from rank files."""
+
+    training: dict
+    bytes_read: int
+
+
+def load(engine, path: str, overrides: Collection[str] = ()) -> Loaded:
     """Fill ``engine``'s master and optimizer state from a checkpoint at any world size and stage (collective).
 
-    Rank 0 reads the manifest and checks its checksum and structure once (its size grows with the
-    number of ranks); every rank gets it, checks it (``compat.check`` with ``overrides``) before it
-    reads a value, and checks every file it reads; any problem raises the same error on every rank.
-    Returns the saved training state.
+    Rank 0 reads the manifest and checks its checksum and structure once (one digest per rank); every
+    rank gets it, checks it (``compat.check`` with ``overrides``) before it reads a value, then reads,
+    state by state, only the blocks holding the elements it owns, each checked against its digest.
+    Any problem raises the same error on every rank.
     """
-    saved, problem = _manifest_from_rank_0(engine.collectives, path), None
+    saved, problem, bytes_read = _manifest_from_rank_0(engine.collectives, path), None, 0
     try:
         compat.check(engine, saved, os.path.join(path, MANIFEST), overrides)
-        reader = PieceReader(path, saved)
-        for piece in engine.owned_pieces():
+        with CheckpointReader(path, saved) as reader:
             for state in saved["states"]:
-                host = np.empty(piece.stop - piece.start, dtype=np.float32)
-                reader.read(state, piece.spec.name, piece.start, piece.stop, host)
-                piece.arrays[state][...] = host
+                pieces = engine.owned_pieces()
+                hosts = [_host_buffer(piece.arrays[state]) for piece in pieces]
+                reader.read(
+                    state, [(p.spec.name, p.start, p.stop, host) for p, host in zip(pieces, hosts, strict=True)]
+                )
+                for piece, host in zip(pieces, hosts, strict=True):
+                    if host is not piece.arrays[state]:
+                        piece.arrays[state][...] = host
+            bytes_read = reader.bytes_read
     except CheckpointError as error:
         problem = str(error)
     except OSError as error:
@@ -293,7 +301,14 @@ def load(engine, path: str, overrides: Collection[str] = ()) -> dict:
     agree.raise_if_any(engine.collectives, problem, "cannot load checkpoint")
     engine.publish()
     engine.restore_scale_state(saved["scales"])
-    return saved["training"]
+    return Loaded(saved["training"], bytes_read)
+
+
+def _host_buffer(array):
+    """``array`` itself if rank files can be read into it (a contiguous NumPy float32 array), else a host twin."""
+    if isinstance(array, np.ndarray) and array.dtype == np.float32 and array.flags.c_contiguous:
+        return array
+    return np.empty(array.shape, dtype=np.float32)
 
 
 def _manifest_from_rank_0(collectives, path: str) -> dict:
@@ -312,19 +327,17 @@ def _manifest_from_rank_0(collectives, path: str) -> dict:
 def consolidate(path: str, output: str, include_optimizer: bool = False) -> list[str]:
     """Write every tensor's full fp32 parameters (and optionally optimizer state) by name to ``output`` (.npz).
 
-    The manifest is verified (checksum, structure) before any value is read;
-    then one tensor at a time is read through memory maps, so little beyond the output is held.
+    The manifest is verified (checksum, structure) before any value is read, and every block as it is read.
     """
     saved = manifest.read(path)
-    reader = PieceReader(path, saved)
-    arrays = {}
-    states = saved["states"] if include_optimizer else ["master"]
-    for tensor in saved["tensors"]:
-        numel = int(np.prod(tensor["shape"], dtype=np.int64))
-        for state in states:
-            flat = np.empty(numel, dtype=np.float32)
-            reader.read(state, tensor["name"], 0, numel, flat)
-            key = tensor["name"] if state == "master" else f"{tensor['name']}/{state}"
-            arrays[key] = flat.reshape(tensor["shape"])
+    states, tensors = saved["states"] if include_optimizer else ["master"], saved["tensors"]
+    found = {}
+    with CheckpointReader(path, saved) as reader:
+        for state in states:  # all of a state, then the next: each block is read once
+            flats = {t["name"]: np.empty(math.prod(t["shape"]), np.float32) for t in tensors}
+            reader.read(state, [(name, 0, flat.size, flat) for name, flat in flats.items()])
+            found.update({(t["name"], state): flats[t["name"]].reshape(t["shape"]) for t in tensors})
+    named = {(t["name"], s): t["name"] if s == "master" else f"{t['name']}/{s}" for t in tensors for s in states}
+    arrays = {named[key]: found[key] for key in named}  # by tensor, then state
     files.write(output, lambda f: np.savez(f, **arrays))
     return list(arrays)

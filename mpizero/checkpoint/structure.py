@@ -1,10 +1,10 @@
 """The structure a manifest must have before any value it points to is read.
 
-Fields hold the types and ranges ``save`` writes; each rank's pieces tile its
-rank file exactly, and all pieces together tile each tensor exactly (in bounds,
-no overlap, no gap). A piece ``{name, start, stop, at}`` is elements
-``[start, stop)`` of tensor ``name`` (flat, unpadded), stored at
-``[at, at + stop - start)`` of its rank's file for every state.
+Fields hold the types and ranges ``save`` writes. The partition rule must
+place every tensor in exactly one group: then the layout derived from it
+(``layout.SavedLayout``) puts every element of every tensor in exactly one
+place of one rank file, by construction, so no per-piece record needs checking.
+``files`` lists one digest per rank.
 """
 
 from __future__ import annotations
@@ -20,13 +20,16 @@ TOP_LEVEL = (
     "optimizer",
     "states",
     "tensors",
-    "pieces",
+    "partition",
+    "block_bytes",
     "files",
     "training",
     "scales",
 )
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 RUN = re.compile(r"^[0-9a-f]{16}$")
+MAX_ALIGN = 1 << 30
+BLOCK_BYTES_RANGE = (1 << 9, 1 << 30)
 
 
 class Invalid(Exception):
@@ -35,11 +38,6 @@ class Invalid(Exception):
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}")
         self.field, self.problem = field, problem
-
-
-def file_name(rank: int, state: str) -> str:
-    """The rank file holding ``state`` (``master`` or an optimizer state) of rank ``rank``'s pieces."""
-    return f"rank{rank:05d}-{state}.npy"
 
 
 def check(manifest: dict) -> None:
@@ -54,15 +52,35 @@ def check(manifest: dict) -> None:
     if states[:1] != ["master"]:
         raise Invalid("states", f"must start with 'master', got {states}")
     numels = _tensors(manifest["tensors"])
-    lengths = _files(manifest["files"], world_size, states)
-    pieces = _list(manifest["pieces"], "pieces", world_size)
-    for rank, rank_pieces in enumerate(pieces):
-        _check_pieces(rank_pieces, rank, numels)
-    _tile_tensors(pieces, numels, manifest["tensors"])
-    for rank, rank_pieces in enumerate(pieces):
-        _tile_rank_file(rank_pieces, rank, lengths[rank])
+    _partition(manifest["partition"], numels)
+    block_bytes = _int(manifest["block_bytes"], "block_bytes", *BLOCK_BYTES_RANGE)
+    if block_bytes & (block_bytes - 1):
+        raise Invalid("block_bytes", f"must be a power of two, got {block_bytes}")
+    for rank, digest in enumerate(_list(manifest["files"], "files", world_size)):
+        if not isinstance(digest, str) or not SHA256.match(digest):
+            raise Invalid(f"files[{rank}]", f"must be 64 lowercase hex digits, got {digest!r:.80}")
     _training(manifest["training"])
     _scales(manifest["scales"], numels)
+
+
+def _partition(partition, numels: dict[str, int]) -> None:
+    """The alignment, and groups that hold every tensor exactly once."""
+    _keys(partition, "partition", ("align", "groups"))
+    _int(partition["align"], "partition.align", low=1, high=MAX_ALIGN)
+    placed: dict[str, str] = {}
+    for g, group in enumerate(_list(partition["groups"], "partition.groups")):
+        if not _list(group, f"partition.groups[{g}]"):
+            raise Invalid(f"partition.groups[{g}]", "must name at least one tensor, got []")
+        for k, name in enumerate(group):
+            field = f"partition.groups[{g}][{k}]"
+            if name not in numels:
+                raise Invalid(field, f"{name!r:.80} is not in tensors")
+            if name in placed:
+                raise Invalid(field, f"{name!r} is also in {placed[name]}")
+            placed[name] = field
+    missing = [name for name in numels if name not in placed]
+    if missing:
+        raise Invalid("partition.groups", f"{len(missing)} tensors are in no group, e.g. {missing[0]!r}")
 
 
 def _scales(scales, numels: dict[str, int]) -> None:
@@ -81,85 +99,6 @@ def _tensors(tensors) -> dict[str, int]:
             _int(size, f"tensors[{k}].shape[{d}]")
     _names(tensors, "tensors", lambda t: t["name"], ".name")
     return {t["name"]: math.prod(t["shape"]) for t in tensors}
-
-
-def _files(files, world_size: int, states: list[str]) -> list[int]:
-    """Check every rank file's entry; return each rank's file length in elements."""
-    expected = {file_name(r, s) for r in range(world_size) for s in states}
-    _dict(files, "files")
-    if set(files) != expected:
-        odd = sorted(set(files) ^ expected)[:3]
-        raise Invalid("files", f"must list exactly the {len(expected)} rank files, differs at {odd}")
-    for name, meta in files.items():
-        field = f"files[{name!r}]"
-        _keys(meta, field, ("bytes", "sha256", "dtype", "shape"))
-        _int(meta["bytes"], f"{field}.bytes")
-        if not isinstance(meta["sha256"], str) or not SHA256.match(meta["sha256"]):
-            raise Invalid(f"{field}.sha256", f"must be 64 lowercase hex digits, got {meta['sha256']!r}")
-        if meta["dtype"] != "float32":
-            raise Invalid(f"{field}.dtype", f"must be 'float32', got {meta['dtype']!r}")
-        _int(_list(meta["shape"], f"{field}.shape", 1)[0], f"{field}.shape[0]")
-    lengths = []
-    for rank in range(world_size):
-        shapes = {s: files[file_name(rank, s)]["shape"] for s in states}
-        for state, shape in shapes.items():
-            if shape != shapes["master"]:
-                field = f"files[{file_name(rank, state)!r}].shape"
-                raise Invalid(field, f"{shape}, but {file_name(rank, 'master')} has {shapes['master']}")
-        lengths.append(shapes["master"][0])
-    return lengths
-
-
-def _check_pieces(rank_pieces, rank: int, numels: dict[str, int]) -> None:
-    """Each piece names a tensor and lies inside it."""
-    for i, piece in enumerate(_list(rank_pieces, f"pieces[{rank}]")):
-        field = f"pieces[{rank}][{i}]"
-        _keys(piece, field, ("name", "start", "stop", "at"))
-        if piece["name"] not in numels:
-            raise Invalid(f"{field}.name", f"{piece['name']!r} is not in tensors")
-        start = _int(piece["start"], f"{field}.start")
-        stop, numel = _int(piece["stop"], f"{field}.stop", low=start + 1), numels[piece["name"]]
-        if stop > numel:
-            raise Invalid(f"{field}.stop", f"{stop} is past the {numel} elements of {piece['name']!r}")
-        _int(piece["at"], f"{field}.at")
-
-
-def _tile_rank_file(rank_pieces: list, rank: int, length: int) -> None:
-    """A rank's pieces fill its files in order, with no gap or overlap, and end at the files' length."""
-    end = 0
-    for i, piece in enumerate(rank_pieces):
-        field, at = f"pieces[{rank}][{i}].at", piece["at"]
-        if at != end:
-            what = "leaves a gap after" if at > end else "overlaps"
-            raise Invalid(field, f"{at} {what} the previous piece, which ends at {end} in rank {rank}'s files")
-        end = at + piece["stop"] - piece["start"]
-        if end > length:
-            raise Invalid(field, f"piece ends at {end}, past the {length} elements of rank {rank}'s files")
-    if end != length:
-        raise Invalid(f"pieces[{rank}]", f"cover {end} of the {length} elements of rank {rank}'s files")
-
-
-def _tile_tensors(pieces: list, numels: dict[str, int], tensors: list) -> None:
-    """All ranks' pieces of each tensor cover ``[0, numel)`` once."""
-    by_tensor: dict[str, list] = {name: [] for name in numels}
-    for rank, rank_pieces in enumerate(pieces):
-        for i, p in enumerate(rank_pieces):
-            by_tensor[p["name"]].append((p["start"], p["stop"], f"pieces[{rank}][{i}]"))
-    for k, (name, spans) in enumerate(by_tensor.items()):
-        end, previous = 0, None
-        for start, stop, field in sorted(spans):
-            if start < end:
-                raise Invalid(
-                    f"{field}.start", f"elements [{start}, {min(stop, end)}) of {name!r} are also in {previous}"
-                )
-            if start > end:
-                raise Invalid("pieces", f"elements [{end}, {start}) of {name!r} are in no piece")
-            end, previous = stop, field
-        if end != numels[name]:
-            shape = tensors[k]["shape"]
-            raise Invalid(
-                f"tensors[{k}].shape", f"{shape} holds {numels[name]} elements, the pieces of {name!r} cover [0, {end})"
-            )
 
 
 def _training(training) -> None:

@@ -3,16 +3,16 @@
 Run: ``python -m mpizero estimate --params 7.5e9 --ranks 64`` (the ZeRO paper's
 formulas), or ``python -m mpizero estimate --model transformer --ranks 4``
 (mpizero's own buffers for that model, padding counted exactly). ``--scale``
-adds, per stage, collective calls and bytes per step, agreement bytes and what
-one checkpoint save writes: ``estimate --model transformer --width 4416
+adds, per stage, collective calls and bytes per step, agreement bytes, what
+one checkpoint save writes and what a reshard onto 3/4 of the ranks reads: ``estimate --model transformer --width 4416
 --layers 32 --heads 32 --precision bf16 --ranks 4096 --micro-batches 32768 --scale``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
+from mpizero.checkpoint import scale
 from mpizero.cli import options
 from mpizero.core import formulas
 from mpizero.core.errors import ZeroError
@@ -99,9 +99,10 @@ def print_scale_table(args) -> None:
         f"micro-batches per step ({rounds} per rank), clip on"
     )
     print("per rank and step (sent = received): rs/ag/agr = reduce-scatter/all-gather/agreement")
+    print(f"checkpoint: files per save, rank 0's file, the manifest; rank 0 reloading onto {max(3 * n // 4, 1)} ranks")
     print(
         f"{'stage':<6}{'groups':>7}{'held':>11}{'rs':>11}{'ag':>11}{'agr':>11}{'calls rs/ag/agr':>16}"
-        f"{'ckpt files':>11}{'per rank':>11}{'pieces':>10}{'manifest':>11}"
+        f"{'files':>7}{'rank file':>11}{'manifest':>11}{'needs':>11}{'reads':>11}"
     )
     for stage, setup in setups:
         if stage == 0:
@@ -111,24 +112,31 @@ def print_scale_table(args) -> None:
         sent = formulas.traffic_per_step(setup, rounds)
         calls = formulas.calls_per_step(setup, rounds, True, args.reduction)
         agreed = formulas.agreement_bytes_per_step(setup, tuple(map(len, numels)), args.micro_batches, True)
-        save = formulas.checkpoint_per_save(setup, tuple(numels))
-        manifest = save["pieces"] * _json_bytes(PIECE) + (save["files"] - 1) * _json_bytes(FILE)
+        save = scale.one_save(*_named(numels, setup.counts()), _states(setup), n, max(3 * n // 4, 1))
         cells = "".join(f"{format_bytes(b):>11}" for b in (held, sent["reduce_scatter"], sent["allgather"], agreed))
         counts = "/".join(str(calls[op]) for op in ("reduce_scatter", "allgather", "agreement"))
-        print(
-            f"{stage:<6}{sum(setup.counts()):>7}{cells}{counts:>16}{save['files']:>11,}"
-            f"{format_bytes(save['bytes per rank']):>11}{save['pieces']:>10,}{format_bytes(manifest):>11}"
+        saved = "".join(
+            f"{format_bytes(save[k]):>11}" for k in ("rank file", "manifest", "reshard needs", "reshard reads")
         )
+        print(f"{stage:<6}{sum(setup.counts()):>7}{cells}{counts:>16}{save['files']:>7,}{saved}")
     print(
         f"exact reduction: {args.micro_batches} contributions take {headroom} of the int64 sum's {SUM_BITS} bits, "
         f"leaving {SUM_BITS - headroom} (it refuses above 2**{SUM_BITS - FLOAT32_BITS} contributions)"
     )
 
 
-PIECE = {"name": "h31.attn.w", "start": 123456789, "stop": 123456789, "at": 123456789}
-FILE = {"rank04095-exp_avg.npy": {"bytes": 12345678, "sha256": "0" * 64, "dtype": "float32", "shape": [1234567]}}
+SAVE_COLUMNS = ("rank file", "manifest", "reshard needs", "reshard reads")
 
 
-def _json_bytes(entry: dict) -> int:
-    """About how many bytes one more such entry adds to the manifest (written with ``indent=1``)."""
-    return len(json.dumps([[entry]], indent=1)) - len(json.dumps([[]], indent=1))
+def _named(numels: list[tuple[int, ...]], counts: tuple[int, ...]) -> tuple[dict, list[list[str]]]:
+    """Shapes and groups for a checkpoint of these groups (each ``count`` times), under made-up tensor names."""
+    shapes, groups = {}, []
+    for numels_of, count in zip(numels, counts, strict=True):
+        for _ in range(count):
+            groups.append([f"unit{len(groups):04d}.tensor{j:02d}" for j in range(len(numels_of))])
+            shapes.update(zip(groups[-1], ((numel,) for numel in numels_of), strict=True))
+    return shapes, groups
+
+
+def _states(setup: formulas.Setup) -> list[str]:
+    return ["master", *(f"state{k}" for k in range(setup.optimizer_states))]

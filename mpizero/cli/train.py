@@ -281,7 +281,8 @@ def resume(args, engine, trainer, settings: dict) -> tuple[int, str]:
     if comm.Get_rank() == 0:
         for message in torn:
             print(message, flush=True)
-    state = checkpoint.load(engine, path, overrides=args.resume_override)
+    loaded = checkpoint.load(engine, path, overrides=args.resume_override)
+    state = loaded.training
     where = os.path.join(path, checkpoint.MANIFEST)
     compat.check_settings(state.get("settings", {}), settings, where, args.resume_override)
     if state["optimizer_steps"] + state["skipped_steps"] != state["step"]:
@@ -297,7 +298,8 @@ def resume(args, engine, trainer, settings: dict) -> tuple[int, str]:
     if trainer.scaler is not None and state["loss_scale"] is not None:
         trainer.scaler.scale, trainer.scaler.good_steps = state["loss_scale"]
     if comm.Get_rank() == 0:
-        print(f"resumed from {path} after step {state['step']}", flush=True)
+        read = f"rank 0 read {loaded.bytes_read:,} bytes of rank files"
+        print(f"resumed from {path} after step {state['step']} ({read})", flush=True)
     return state["step"], state["run"]
 
 

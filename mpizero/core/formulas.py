@@ -167,7 +167,7 @@ def formula_setup(engine) -> Setup:
     )
 
 
-# Collective calls, agreement bytes and checkpoint files: what grows with the number of ranks and what does not.
+# Collective calls and agreement bytes: what grows with the number of ranks and what does not.
 
 FLAG_BYTES = len(pickle.dumps(False))  # a pickled bool, as ``allreduce_value`` sends it
 FLOAT_BYTES = len(pickle.dumps(0.5))  # a pickled float: every float pickles to the same length
@@ -205,26 +205,3 @@ def agreement_bytes_per_step(
     norm = FLOAT_BYTES + NORM_SUM_BYTES if clip and plans[0].norm_needs_all_ranks else 0
     overflow = FLAG_BYTES if REDUCTIONS[reduction].result_can_overflow else 0
     return FLAG_BYTES + per_group + norm + overflow + 8 * micro_batches
-
-
-def checkpoint_per_save(setup: Setup, tensor_numels: tuple[tuple[int, ...], ...]) -> dict[str, int]:
-    """One checkpoint save: files (one per rank and state, and the manifest), fp32 bytes (headers left out), pieces.
-
-    ``tensor_numels``: each group's tensors' element counts, in layout order. A piece is one tensor's part
-    of one rank's shard, so the manifest lists about N pieces per group: it grows with the number of ranks.
-    """
-    states = 1 + setup.optimizer_states
-    pieces = 0
-    partitions = list(zip(setup.partitions(), setup.counts(), strict=True))
-    for (partition, count), numels in zip(partitions, tensor_numels, strict=True):
-        shard, start = partition.shard_numel, 0
-        for numel in numels:
-            if numel:
-                pieces += count * ((start + numel - 1) // shard - start // shard + 1)
-            start += numel
-    return {
-        "files": setup.ranks * states + 1,
-        "bytes": 4 * states * sum(p.numel * n for p, n in partitions),
-        "bytes per rank": 4 * states * sum(span(p.data_range(0)) * n for p, n in partitions),  # rank 0: the most
-        "pieces": pieces,
-    }

@@ -297,7 +297,7 @@ class ShardedModel:
     def load(self, path: str) -> dict:
         """Restore a checkpoint saved at any world size and stage (collective); return its training state."""
         self.announcer.announce(Operation.LOAD)
-        training = store.load(self.engine, path)
+        training = store.load(self.engine, path).training
         self.engine.step_count, self.engine.skipped_steps = training["optimizer_steps"], training["skipped_steps"]
         self.binder.refresh()
         return training
