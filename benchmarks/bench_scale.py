@@ -33,6 +33,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--clip", type=float, default=1.0, help="clip norm (0: off)")
     parser.add_argument("--reduction", default="exact", choices=["exact", "native"])
+    parser.add_argument("--rounds", type=int, default=1, help="micro-batches per rank and step")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -74,7 +75,7 @@ def worker(args) -> None:
         for step in range(1, STEPS + 1):
             traffic.clear()
             start = time.perf_counter()
-            trainer.step(lambda m, step=step: batch(step, m), size)
+            trainer.step(lambda m, step=step: batch(step, m), size * args.rounds)
             steps_s.append(time.perf_counter() - start)
             seconds.append(dict(traffic.seconds))
         setup, clip = formulas.formula_setup(engine), bool(args.clip)
@@ -86,9 +87,11 @@ def worker(args) -> None:
             "calls": {op: traffic.calls[op] for op in OPS},
             "sent": {op: traffic.sent[op] for op in OPS},
             "received": {op: traffic.received[op] for op in OPS},
-            "formula_calls": formulas.calls_per_step(setup, 1, clip, args.reduction),
-            "formula_sent": formulas.traffic_per_step(setup, 1),
-            "formula_agreement": formulas.agreement_bytes_per_step(setup, tensors, size, clip, args.reduction),
+            "formula_calls": formulas.calls_per_step(setup, args.rounds, clip, args.reduction),
+            "formula_sent": formulas.traffic_per_step(setup, args.rounds),
+            "formula_agreement": formulas.agreement_bytes_per_step(
+                setup, tensors, size * args.rounds, clip, args.reduction
+            ),
             # the slowest rank's mean over the steps after the first, in seconds
             "comm_s": comm.allreduce(sum(sum(s.values()) for s in seconds[1:]) / (STEPS - 1), op=MPI.MAX),
             "agreement_s": comm.allreduce(sum(s.get("agreement", 0.0) for s in seconds[1:]) / (STEPS - 1), op=MPI.MAX),

@@ -35,14 +35,16 @@ def test_agreement_bytes_per_step_do_not_grow_with_the_number_of_ranks(agreement
     assert 0 < agreement[8] <= 1.5 * agreement[2], agreement
 
 
-def measured_rows(n: int, clip: str) -> list[dict]:
-    out = run_mpi_ok(n, ["benchmarks/bench_scale.py", "--worker", "--clip", clip], timeout=180)
+def measured_rows(n: int, clip: str, rounds: int = 1) -> list[dict]:
+    args = ["benchmarks/bench_scale.py", "--worker", "--clip", clip, "--rounds", str(rounds)]
+    out = run_mpi_ok(n, args, timeout=180)
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
-@pytest.mark.parametrize("n", [2, 8])
-def test_calls_and_agreement_bytes_per_step_equal_the_formulas(n):
-    rows = measured_rows(n, "0")  # without clipping every payload has a fixed size
+@pytest.mark.parametrize("n, rounds", [(2, 1), (8, 1), (2, 3)])
+def test_calls_and_agreement_bytes_per_step_equal_the_formulas(n, rounds):
+    """With 3 rounds, stages 2-3 reduce-scatter once per round: 3 times the calls and the bytes."""
+    rows = measured_rows(n, "0", rounds)  # without clipping every payload has a fixed size
     assert [row["stage"] for row in rows] == [1, 2, 3]
     for row in rows:
         # set-up: digests and flags (fill's problems and the initial master digest among them), whatever N;

@@ -122,7 +122,7 @@ def inter_node_bytes(full_bytes: int, ranks: int, nodes: int, two_level: bool, f
 
 
 def _reduce_scatters(plan: ShardPlan, rounds: int, reduce_each_round: bool | None) -> int:
-    """Reduce-scatters of one group per step: one per round where the trainer reduces each round, else one."""
+    """Gradient collectives of one group per step: one per round where the trainer reduces each round, else one."""
     each_round = plan.reduces_each_round if reduce_each_round is None else reduce_each_round
     return rounds if each_round else 1
 
@@ -183,7 +183,7 @@ def calls_per_step(setup: Setup, rounds: int = 1, clip: bool = True, reduction: 
     plans = setup.counted_plans()
     calls = {"reduce_scatter": 0, "allreduce": 0, "allgather": 0}
     for plan, count in plans:
-        calls[plan.gradient_collective.value] += count
+        calls[plan.gradient_collective.value] += count * _reduce_scatters(plan, rounds, None)  # stages 0-1: one
         calls["allgather"] += count * plan.allgathers_per_step(rounds)
     norm = 2 if clip and plans[0][0].norm_needs_all_ranks else 0
     calls["agreement"] = 1 + sum(setup.counts()) + norm + int(REDUCTIONS[reduction].result_can_overflow) + 1
