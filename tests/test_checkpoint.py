@@ -283,6 +283,45 @@ def fake_checkpoint(directory: Path, name: str, step: int, run: str) -> Path:
     return directory / name
 
 
+def test_a_copy_moved_aside_is_not_taken_for_the_newest(tmp_path):
+    """A crash after a re-save of step 4 was renamed into place, before its older copy was removed."""
+    fake_checkpoint(tmp_path, "ckpt-00000004", 4, "a" * 16)
+    fake_checkpoint(tmp_path, f"ckpt-00000004{store.ASIDE}0a1b2c3d", 4, "a" * 16)
+    assert store.find_latest(str(tmp_path)) == (str(tmp_path / "ckpt-00000004"), [])
+
+
+def test_a_checkpoint_whose_step_is_unreadable_is_left_by_rotation(tmp_path, saved, straight):
+    directory, out = tmp_path / "ckpt", tmp_path / "params.npy"
+    shutil.copytree(saved, directory)
+    odd = directory / "ckpt-00000001"
+    shutil.copytree(directory / "ckpt-00000002", odd)
+    manifest = json.loads((odd / "manifest.json").read_text())
+    manifest["training"]["step"] = 1.5
+    (odd / "manifest.json").write_text(json.dumps(manifest))
+    train(
+        2,
+        1,
+        4,
+        "--resume",
+        directory / "ckpt-00000002",
+        "--checkpoint-dir",
+        directory,
+        "--keep",
+        1,
+        "--checkpoint-every",
+        2,
+        "--save-params",
+        out,
+    )
+    assert out.read_bytes() == straight
+    assert sorted(os.listdir(directory)) == ["ckpt-00000001", "ckpt-00000004"]
+
+
+def test_a_block_size_that_is_not_a_power_of_two_is_refused_before_any_collective(tmp_path):
+    with pytest.raises(ValueError, match=r"block_bytes must be a power of two in \[512, 1073741824\], got 1000"):
+        store.save(None, str(tmp_path), {"step": 1}, block_bytes=1000)
+
+
 def test_rotation_deletes_only_the_runs_older_checkpoints_and_never_the_one_just_written(tmp_path):
     ours, theirs = "a" * 16, "b" * 16
     for step in (2, 4, 6):

@@ -45,7 +45,15 @@ def a_fifo_instead(path: Path) -> str:
     return "rank00001.bin: not a regular file"
 
 
-@pytest.mark.parametrize("damage", [truncate, flip_a_byte, flip_a_digest, delete_a_file, a_fifo_instead])
+def a_symlink_loop(path: Path) -> str:
+    (path / "rank00001.bin").unlink()
+    os.symlink("rank00001.bin", path / "rank00001.bin")
+    return "rank00001.bin: cannot read it (Too many levels of symbolic links)"
+
+
+@pytest.mark.parametrize(
+    "damage", [truncate, flip_a_byte, flip_a_digest, delete_a_file, a_fifo_instead, a_symlink_loop]
+)
 def test_damaged_rank_files_fail_on_every_rank_naming_file_and_problem(tmp_path, saved, damage):
     path = copy_of(saved, tmp_path)
     expected = damage(path)
@@ -101,6 +109,17 @@ def a_digest_in_upper_case(m):
     m["files"][2] = m["files"][2].upper()
 
 
+def settings_as_a_list(m):
+    m["training"]["settings"] = []
+
+
+def a_name_with_a_slash(m):
+    for tensor in m["tensors"]:
+        tensor["name"] = tensor["name"].replace("l2.w", "l2.w/exp_avg")
+    m["partition"]["groups"][0] = [n.replace("l2.w", "l2.w/exp_avg") for n in m["partition"]["groups"][0]]
+    m["scales"]["l2.w/exp_avg"] = m["scales"].pop("l2.w")
+
+
 def negative_step(m):
     m["training"]["step"] = -1
 
@@ -127,6 +146,8 @@ def field_of(m, name):
         small_blocks: lambda: "the manifest's layout says",  # a longer digest table than the file holds
         one_digest_short: lambda: "manifest.json: field files: must be a list of 4",
         a_digest_in_upper_case: lambda: "manifest.json: field files[2]: must be 64 lowercase hex digits",
+        settings_as_a_list: lambda: "manifest.json: field training.settings: must be an object, got []",
+        a_name_with_a_slash: lambda: "'l2.w/exp_avg' must be printable, without '/' (consolidate's NAME/STATE)",
         negative_step: lambda: "manifest.json: field training.step: must be an integer >= 0, got -1",
         step_as_text: lambda: "manifest.json: field training.step: must be an integer >= 0, got '4'",
     }
@@ -144,6 +165,8 @@ SEALED = [
     small_blocks,
     one_digest_short,
     a_digest_in_upper_case,
+    settings_as_a_list,
+    a_name_with_a_slash,
 ]
 
 
@@ -242,6 +265,28 @@ def test_an_oversized_manifest_is_refused_before_it_is_parsed(tmp_path, monkeypa
     with pytest.raises(manifest_format.CheckpointError, match="larger than 64 bytes"):
         manifest_format.read(str(tmp_path))
     assert manifest_format.nesting_depth(b'{"a": ["[[[", {"b": "]}"}]}') == 3
+
+
+def test_a_manifest_of_escaped_quotes_is_refused_at_once(tmp_path):
+    """Its nesting is measured in linear time: a regex over strings took hours on 1 MB of this."""
+    (tmp_path / "manifest.json").write_bytes(b'"' + b'\\"' * (4 << 20))
+    with pytest.raises(manifest_format.CheckpointError, match="manifest.json: unreadable"):
+        manifest_format.read(str(tmp_path))
+
+
+def test_a_tensor_too_large_for_its_files_is_refused_before_anything_is_allocated(tmp_path, saved):
+    path = copy_of(saved, tmp_path)
+    edit(path, lambda m: m["tensors"][0].update(shape=[10**6, 10**6]))  # 4 TB of float32, were it allocated
+    refused(tmp_path, path, consolidate_from(path, tmp_path), "the manifest's layout says")
+
+
+def test_a_non_ascii_signature_is_refused_under_the_key(tmp_path, signed, monkeypatch):
+    path = tmp_path / "forged"
+    shutil.copytree(signed, path)
+    edit(path, lambda m: m.update(signature="\u00e9" * 64))
+    monkeypatch.setenv(KEY, "the key")
+    with pytest.raises(manifest_format.CheckpointError, match="field signature: does not match"):
+        manifest_format.read(str(path))
 
 
 def test_a_checkpoint_is_never_used_as_a_checkpoint_directory(tmp_path, saved):

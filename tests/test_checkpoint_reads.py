@@ -32,3 +32,13 @@ def test_each_rank_reads_the_blocks_it_owns_and_loads_the_saved_state(saved, n, 
             assert read > total
         else:  # its shard: about 1/n of the checkpoint (the script bounds it by the blocks of each run)
             assert read < total * 1.5 / n + 4096, (read, total, n)
+
+
+def test_a_file_that_no_rank_reads_is_still_checked(tmp_path):
+    """The last of 4 ranks owns only padding: its file is empty, read by no load, and checked by rank 0."""
+    run_mpi_ok(4, [*SCRIPT, "padding", "save", str(tmp_path)])
+    assert run_mpi_ok(2, [*SCRIPT, "padding", "load", str(tmp_path)]).strip() == "loaded"
+    (checkpoint,) = tmp_path.glob("ckpt-*")
+    (checkpoint / "rank00003.bin").write_bytes(b"tampered")
+    out = run_mpi_ok(2, [*SCRIPT, "padding", "load", str(tmp_path)])
+    assert "refused: cannot load checkpoint: rank 0: " in out and "rank00003.bin: 8 bytes" in out, out

@@ -95,6 +95,8 @@ class RankFile:
             self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
         except FileNotFoundError:
             raise CheckpointError(f"{path}: missing") from None
+        except OSError as error:  # a symlink loop, a socket, no permission
+            raise CheckpointError(f"{path}: cannot read it ({error.strerror or error})") from None
         try:
             self.table = self._checked_table(file_bytes(length, states, block_bytes), root)
         except BaseException:
@@ -141,7 +143,10 @@ class RankFile:
         return self._cached[1]
 
     def _pread(self, offset: int, size: int) -> bytes:
-        data = os.pread(self.fd, size, offset)
+        try:
+            data = os.pread(self.fd, size, offset)
+        except OSError as error:
+            raise CheckpointError(f"{self.path}: cannot read it ({error.strerror or error})") from None
         if len(data) != size:
             raise CheckpointError(f"{self.path}: ended at byte {offset + len(data)}, before {offset + size}")
         self.bytes_read += size
@@ -175,6 +180,23 @@ class CheckpointReader:
         ]
         for run, out in sorted(runs, key=lambda found: (found[0].rank, found[0].at)):
             self._file(run.rank).read(self.rows[state], run.at, run.at + run.stop - run.start, out)
+
+    def verify(self, ranks: Iterable[int]) -> None:
+        """Check these ranks' files (their size and digest table) without reading their elements."""
+        for rank in ranks:
+            self._file(rank)
+
+    def empty_files(self) -> list[int]:
+        """The ranks whose files hold no element (they own only padding): the last ranks, if any.
+
+        No load reads them, so a load checks them on purpose: a signed checkpoint is then checked whole.
+        """
+        empty = []
+        for rank in reversed(range(self.layout.world_size)):
+            if self.layout.rank_length(rank):
+                break
+            empty.append(rank)
+        return empty
 
     @property
     def bytes_read(self) -> int:

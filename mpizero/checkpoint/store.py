@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpizero.checkpoint import compat, manifest
+from mpizero.checkpoint import compat, manifest, structure
 from mpizero.checkpoint.layout import SavedLayout
 from mpizero.checkpoint.manifest import MANIFEST, CheckpointError
 from mpizero.checkpoint.shards import BLOCK_BYTES, CheckpointReader, file_name, write_rank_file
@@ -50,6 +50,7 @@ from mpizero.core.arrays import to_host
 
 NAME = re.compile(r"^ckpt-(\d{8})")
 PARTIAL = ".partial-"
+ASIDE = ".replaced-"  # an older copy of the same step, moved aside while the new one is renamed into place
 
 
 def save(engine, directory: str, training_state: dict, keep: int | None = None, block_bytes: int = BLOCK_BYTES) -> str:
@@ -61,6 +62,9 @@ def save(engine, directory: str, training_state: dict, keep: int | None = None, 
     """
     if keep is not None and keep < 1:
         raise ValueError(f"keep must be >= 1 (or None to keep every checkpoint), got {keep}")
+    low, high = structure.BLOCK_BYTES_RANGE
+    if not (low <= block_bytes <= high and block_bytes & (block_bytes - 1) == 0):
+        raise ValueError(f"block_bytes must be a power of two in [{low}, {high}], got {block_bytes}")
     rank, collectives = engine.comm.Get_rank(), engine.collectives
     run = training_state.get("run") or compat.run_identity(compat.engine_settings(engine, training_state))
     training_state = {**training_state, "run": run}
@@ -69,7 +73,9 @@ def save(engine, directory: str, training_state: dict, keep: int | None = None, 
     partial = collectives.bcast_object(
         f"{final}{PARTIAL}{run}-{secrets.token_hex(4)}" if rank == 0 else None, "the save directory"
     )
-    problem = (owner_problem(directory, run) or _attempt(lambda: os.makedirs(partial))) if rank == 0 else None
+    problem = (
+        (_found(lambda: owner_problem(directory, run)) or _attempt(lambda: os.makedirs(partial))) if rank == 0 else None
+    )
     _agree(collectives, problem, partial)
     digest: list = []
     problem = _attempt(lambda: digest.append(_write_rank_file(engine, partial, rank, block_bytes)))
@@ -131,7 +137,7 @@ def _publish(record: dict, partial: str, final: str, keep: int | None) -> None:
     directory = os.path.dirname(final)
     manifest.write(partial, record)
     files.fsync_directory(partial)
-    aside = f"{final}.replaced-{secrets.token_hex(4)}" if os.path.exists(final) else None
+    aside = f"{final}{ASIDE}{secrets.token_hex(4)}" if os.path.exists(final) else None
     if aside:
         os.replace(final, aside)
     os.replace(partial, final)
@@ -153,6 +159,14 @@ def _attempt(action) -> str | None:
     return None
 
 
+def _found(check) -> str | None:
+    """``check()``'s problem, or the OS error it raised (a directory that cannot be listed) as one line."""
+    try:
+        return check()
+    except OSError as error:
+        return f"cannot read {describe(error)}"
+
+
 def describe(error: OSError) -> str:
     """One line for an OS error: the file, the errno name and the message (``strerror`` may be None)."""
     name = errno.errorcode.get(error.errno) if error.errno else None
@@ -163,10 +177,18 @@ def describe(error: OSError) -> str:
 def _agree(collectives, problem: str | None, partial: str) -> None:
     """Raise the same CheckpointError on every rank if any rank has a problem; rank 0 removes the partial save."""
     try:
-        agree.raise_if_any(collectives, problem, "checkpoint save")
-    except agree.ZeroError as error:
+        _agreed(collectives, problem, "checkpoint save")
+    except CheckpointError:
         if collectives.comm.Get_rank() == 0:
             shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+def _agreed(collectives, problem: str | None, context: str) -> None:
+    """Raise the same CheckpointError on every rank if any rank has a problem (collective)."""
+    try:
+        agree.raise_if_any(collectives, problem, context)
+    except agree.ZeroError as error:
         raise CheckpointError(str(error)) from None
 
 
@@ -221,11 +243,8 @@ def owner_problem(directory: str, run: str) -> str | None:
 
 def claim(collectives, directory: str, run: str) -> None:
     """Raise the same CheckpointError on every rank unless run ``run`` may save into ``directory`` (collective)."""
-    problem = owner_problem(directory, run) if collectives.comm.Get_rank() == 0 else None
-    try:
-        agree.raise_if_any(collectives, problem, "--checkpoint-dir")
-    except agree.ZeroError as error:
-        raise CheckpointError(str(error)) from None
+    problem = _found(lambda: owner_problem(directory, run)) if collectives.comm.Get_rank() == 0 else None
+    _agreed(collectives, problem, "--checkpoint-dir")
 
 
 def _rotate(directory: str, keep: int, run: str, written: str) -> None:
@@ -233,7 +252,8 @@ def _rotate(directory: str, keep: int, run: str, written: str) -> None:
     torn saves up to ``written``'s step."""
     found = catalog(directory)
     step = next(f.step for f in found if f.path == written)
-    older = sorted((f for f in found if f.complete and f.run == run and f.path != written), key=lambda f: f.step)
+    ours = [f for f in found if f.complete and f.run == run and f.step is not None and f.path != written]
+    older = sorted(ours, key=lambda f: f.step)
     stale = [f for f in found if not f.complete and f.run == run and f.step is not None and f.step <= step]
     for f in older[: max(len(older) - (keep - 1), 0)] + stale:
         shutil.rmtree(f.path)
@@ -247,7 +267,7 @@ def find_latest(directory: str) -> tuple[str | None, list[str]]:
     ]
     skipped += [f"skipping {f.path} (its manifest is unreadable)" for f in found if f.complete and f.step is None]
     complete = [f for f in found if f.complete and f.step is not None]
-    newest = max(complete, key=lambda f: (f.step, f.path), default=None)
+    newest = max(complete, key=lambda f: (f.step, ASIDE not in os.path.basename(f.path), f.path), default=None)
     return (newest.path if newest else None), skipped
 
 
@@ -284,6 +304,7 @@ def load(engine, path: str, overrides: Collection[str] = ()) -> Loaded:
     try:
         compat.check(engine, saved, os.path.join(path, MANIFEST), overrides)
         with CheckpointReader(path, saved) as reader:
+            reader.verify(reader.empty_files() if engine.comm.Get_rank() == 0 else ())
             for state in saved["states"]:
                 pieces = engine.owned_pieces()
                 hosts = [_host_buffer(piece.arrays[state]) for piece in pieces]
@@ -298,7 +319,7 @@ def load(engine, path: str, overrides: Collection[str] = ()) -> Loaded:
         problem = str(error)
     except OSError as error:
         problem = f"{path}: {error}"
-    agree.raise_if_any(engine.collectives, problem, "cannot load checkpoint")
+    _agreed(engine.collectives, problem, "cannot load checkpoint")
     engine.publish()
     engine.restore_scale_state(saved["scales"])
     return Loaded(saved["training"], bytes_read)
@@ -320,7 +341,7 @@ def _manifest_from_rank_0(collectives, path: str) -> dict:
         except CheckpointError as error:
             found = str(error)
     found = collectives.bcast_object(found, "the checkpoint manifest")
-    agree.raise_if_any(collectives, found if isinstance(found, str) else None, "cannot load checkpoint")
+    _agreed(collectives, found if isinstance(found, str) else None, "cannot load checkpoint")
     return found
 
 
@@ -333,6 +354,7 @@ def consolidate(path: str, output: str, include_optimizer: bool = False) -> list
     states, tensors = saved["states"] if include_optimizer else ["master"], saved["tensors"]
     found = {}
     with CheckpointReader(path, saved) as reader:
+        reader.verify(range(saved["world_size"]))  # every file's size first: shapes are not trusted to allocate
         for state in states:  # all of a state, then the next: each block is read once
             flats = {t["name"]: np.empty(math.prod(t["shape"]), np.float32) for t in tensors}
             reader.read(state, [(name, 0, flat.size, flat) for name, flat in flats.items()])

@@ -97,7 +97,11 @@ def _tensors(tensors) -> dict[str, int]:
         _keys(tensor, f"tensors[{k}]", ("name", "shape"))
         for d, size in enumerate(_list(tensor["shape"], f"tensors[{k}].shape")):
             _int(size, f"tensors[{k}].shape[{d}]")
-    _names(tensors, "tensors", lambda t: t["name"], ".name")
+    for k, name in enumerate(_names(tensors, "tensors", lambda t: t["name"], ".name")):
+        if not name.isprintable() or "/" in name:
+            raise Invalid(
+                f"tensors[{k}].name", f"{name!r:.80} must be printable, without '/' (consolidate's NAME/STATE)"
+            )
     return {t["name"]: math.prod(t["shape"]) for t in tensors}
 
 
@@ -113,6 +117,8 @@ def _training(training) -> None:
             raise Invalid("training.loss_scale[0]", f"must be a finite number > 0, got {value!r}")
         _int(scale[1], "training.loss_scale[1]")
     _dict(training.get("data"), "training.data")
+    if "settings" in training:
+        _dict(training["settings"], "training.settings")
     run = training.get("run")
     if not isinstance(run, str) or not RUN.match(run):
         raise Invalid("training.run", f"must be 16 lowercase hex digits (the run's identity), got {run!r}")

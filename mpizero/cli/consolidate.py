@@ -38,7 +38,7 @@ def run(args, comm) -> int:
     if comm.Get_rank() == 0:
         try:
             _consolidate(args)
-        except checkpoint.CheckpointError as error:
+        except agree.ZeroError as error:  # a bad checkpoint, or an output that must not be written
             problem = str(error)
         except OSError as error:
             problem = f"cannot write {checkpoint.describe(error)}"

@@ -2,9 +2,12 @@
 
 Run: mpiexec -n N python -m mpi4py tests/mpi/checkpoint_reads.py save DIR
      mpiexec -n M python -m mpi4py tests/mpi/checkpoint_reads.py load DIR STAGE
+     mpiexec -n N python -m mpi4py tests/mpi/checkpoint_reads.py padding save|load DIR
 ``save``: a stage 3 engine trains 2 steps with AdamW and saves with 512-byte digest blocks into DIR; prints
 ``digest D``. ``load``: an engine at STAGE loads DIR and trains no step; every rank checks what it read; rank 0
 prints ``rank R read B of T`` for each rank and ``digest D`` (the master digest, the same at any world size).
+``padding``: 3 elements, so at 4 ranks the last rank's file is empty; ``load`` prints ``loaded`` or the
+agreed ``refused: ...`` on rank 0.
 """
 
 import sys
@@ -64,8 +67,27 @@ def load(directory: str, stage: int) -> None:
         print(f"digest {digest}", flush=True)
 
 
+def padding(action: str, directory: str) -> None:
+    """Save 3 elements (the last of 4 ranks owns only padding), or load them and print what happened."""
+    params = {"a": np.arange(2, dtype=np.float32), "b": np.ones(1, dtype=np.float32)}
+    engine = ZeroEngine(params, AdamW(lr=1e-2), stage=1)
+    training = {"step": 1, "optimizer_steps": 1, "skipped_steps": 0, "loss_scale": None, "data": {}}
+    if action == "save":
+        store.save(engine, directory, training)
+        return
+    try:
+        store.load(engine, store.resolve(directory)[0])
+        outcome = "loaded"
+    except store.CheckpointError as error:
+        outcome = f"refused: {error}"
+    if rank == 0:
+        print(outcome, flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "save":
+    if sys.argv[1] == "padding":
+        padding(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "save":
         save(sys.argv[2])
     else:
         load(sys.argv[2], int(sys.argv[3]))
