@@ -73,7 +73,9 @@ def check_memory_by_stage():
         owned = padded if stage == 0 else shard
         held = engine.memory()
         assert held["params"] == 4 * sum(shard if stage == 3 else padded), (stage, held)
-        assert held["master"] == 4 * sum(owned) and held["grads"] == 4 * sum(owned)
+        assert held["master"] == (0 if stage == 3 else 4 * sum(owned)), (stage, held)  # stage 3: the param shard
+        assert held["grads"] == 4 * sum(owned)
+        assert all((g.master_shard is g.param_shard) == (stage == 3) for g in engine.groups), stage
         assert held["optimizer"] == 2 * 4 * sum(owned)
         arena = 8 * max(padded) if engine.collectives.shared else 0  # stages 2-3: the one shared bucket buffer
         assert held["comm"] == (8 * sum(padded) if stage < 2 else arena), (stage, held)
