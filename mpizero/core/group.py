@@ -215,9 +215,11 @@ class FlatGroup:
             buffer[...] = 0
         else:
             reduction.add(buffer, grads, self.layout.specs, step_scales, first=True)
-        shard = self.xp.empty(self.grad_shard.shape, dtype=wire)
-        collectives.reduce_scatter(buffer, shard)
-        self._add_reduced(shard)
+        if self.reduced is None:
+            self.reduced = self.xp.empty(self.grad_shard.shape, dtype=wire)
+            collectives.reduce_scatter(buffer, self.reduced)
+        else:
+            collectives.reduce_scatter_add(buffer, self.reduced)  # from the arena: no round-sized temporary
         self.rounds_reduced += 1
 
     def start_reduce(self, collectives, reduction, blocking: bool, in_hand=(), step_scales=None) -> None:

@@ -147,6 +147,9 @@ def check_shared_arena_reduce_scatter():
         got = np.empty(block, np.int64)
         coll.reduce_scatter(arena, got)
         assert got.tobytes() == expected.tobytes(), block
+        coll.reduce_scatter_add(arena, got)  # straight from the arena (at one rank: through a temporary block)
+        coll.reduce_scatter_add(values, got)  # a private buffer: through a temporary block
+        assert got.tobytes() == (3 * expected).tobytes(), block
     assert coll.shared  # mpiexec on one host: every rank shares the node
     coll.arenas["bucket"].free()
 
