@@ -181,3 +181,17 @@ def test_stage_3_parameters_are_empty_placeholders_between_uses():
         assert model.embed.weight.shape == (users.VOCAB, users.WIDTH)
         assert np.array_equal(model.embed.weight.detach().numpy(), zero.master_params()["embed.weight"])
     assert model.embed.weight.shape == (0,)
+
+
+def test_stage_3_refills_full_params_still_held_instead_of_allocating_more():
+    model, _ = users.make("tied")
+    zero = shard(model, mpizero.SGD(lr=0.1), stage=3)
+    with zero.gathered():
+        held = model.embed.weight.detach().numpy()  # outlives the block, as autograd's saved views of a forward do
+    x, y = users.batch("tied", 0, 0)
+    users.loss("tied", model(x), y).backward()
+    zero.step()
+    assert model.embed.weight.shape == (0,)
+    with zero.gathered():
+        assert model.embed.weight.data_ptr() == held.ctypes.data, "a second buffer while the first is still held"
+        assert np.array_equal(held, zero.master_params()["embed.weight"])  # the params as of this gather
