@@ -34,6 +34,13 @@ def test_the_plan_answers_per_stage():
     }
 
 
+def test_only_stage_3_in_float32_keeps_the_master_in_the_param_shard():
+    partition = Partition(10, 2)
+    plans = {stage: ShardPlan(row, partition, 1) for stage, row in STAGES.items()}
+    shared = [(stage, nbytes) for stage, p in plans.items() for nbytes in (4, 2) if p.master_is_param_shard(nbytes)]
+    assert shared == [(3, 4)]
+
+
 def test_step_calls_out_of_order_name_the_problem():
     tracker = StepTracker(groups=2)
     with pytest.raises(StepOrderError, match=r"step 1: finish_step\(\) called with no start_reduce\(\)"):

@@ -32,14 +32,16 @@ def setup_growth(n: int, source: str) -> list[dict]:
 
 
 def test_set_up_at_stage_3_holds_about_one_nth_of_the_model():
-    """Peak RSS growth during set-up under a ShardedInit: what the engine holds (param, grad, master and Adam
-    shards: 20 bytes per parameter over n), plus one tensor piece from fill; from full arrays, the whole model more."""
+    """Peak RSS growth during set-up under a ShardedInit: what the engine holds (param shard, which is also the
+    master, grad and Adam shards: 16 bytes per parameter over n), plus one tensor piece from fill; from full
+    arrays, the whole model more."""
     alone, sharded, arrays = setup_growth(1, "sharded"), setup_growth(4, "sharded"), setup_growth(4, "arrays")
     model = alone[0]["model_bytes"]  # fp32 params of the whole model
     piece, slack = model / 16, 8 << 20
     for row in sharded:
-        assert sum(row["engine"].values()) == 5 * model / 4, row
-        assert row["growth"] < 5 * model / 4 + piece + slack, row
+        assert sum(row["engine"].values()) == 4 * model / 4, row
+        assert row["growth"] < 4 * model / 4 + piece + slack, row
     assert alone[0]["growth"] > 3 * max(row["growth"] for row in sharded), (alone, sharded)
     for row in arrays:
-        assert row["growth"] > model + min(r["growth"] for r in sharded) * 0.9, (row, sharded)  # the caller's arrays
+        # the caller's arrays on top; the engine's zeroed grad and Adam shards are not all resident yet there
+        assert row["growth"] > model + min(r["growth"] for r in sharded) * 0.75, (row, sharded)

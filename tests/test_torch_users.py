@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT / "tests" / "mpi"))
 import torch_user_models as users  # noqa: E402
 
 import mpizero  # noqa: E402
-from mpizero.torch import shard  # noqa: E402
+from mpizero.torch import heap, shard  # noqa: E402
 
 STEPS, MICRO_BATCHES = 3, 5
 HAS_TRANSFORMERS = True
@@ -181,3 +181,47 @@ def test_stage_3_parameters_are_empty_placeholders_between_uses():
         assert model.embed.weight.shape == (users.VOCAB, users.WIDTH)
         assert np.array_equal(model.embed.weight.detach().numpy(), zero.master_params()["embed.weight"])
     assert model.embed.weight.shape == (0,)
+
+
+def test_stage_3_refills_full_params_still_held_instead_of_allocating_more():
+    model, _ = users.make("tied")
+    zero = shard(model, mpizero.SGD(lr=0.1), stage=3)
+    with zero.gathered():
+        held = model.embed.weight.detach().numpy()  # outlives the block, as autograd's saved views of a forward do
+    x, y = users.batch("tied", 0, 0)
+    users.loss("tied", model(x), y).backward()
+    zero.step()
+    assert model.embed.weight.shape == (0,)
+    with zero.gathered():
+        assert model.embed.weight.data_ptr() == held.ctypes.data, "a second buffer while the first is still held"
+        assert np.array_equal(held, zero.master_params()["embed.weight"])  # the params as of this gather
+
+
+@pytest.mark.parametrize("trim_heap", [True, False])
+def test_the_heap_is_trimmed_after_each_backward_and_step_unless_turned_off(monkeypatch, trim_heap):
+    calls = []
+    monkeypatch.setattr(heap, "release_free_pages", lambda: calls.append(1))
+    model, _ = users.make("mlp")
+    zero = shard(model, mpizero.SGD(lr=0.1), stage=3, trim_heap=trim_heap)
+    for m in range(2):
+        x, y = users.batch("mlp", 0, m)
+        users.loss("mlp", model(x), y).backward()
+    zero.step()
+    assert len(calls) == (3 if trim_heap else 0)
+
+
+def test_releasing_free_pages_shrinks_a_fragmented_heap():
+    if not heap.release_free_pages():
+        pytest.skip("the C library has no malloc_trim (not glibc)")
+    blocks = [np.ones(8 << 10) for _ in range(400)]  # 64 KiB each: below glibc's mmap threshold, in its heap
+    kept = blocks[::10]  # every tenth stays, so the blocks freed between them are not the heap's top
+    del blocks
+    before = resident_kib()
+    heap.release_free_pages()
+    assert before - resident_kib() > 10 << 10, "of about 22 MiB freed, less than 10 went back to the OS"
+    assert len(kept) == 40
+
+
+def resident_kib() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))

@@ -34,6 +34,7 @@ from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
 from mpizero.comm.shared import SHM_DIR, SharedArena, shm_has_room
 from mpizero.comm.transport import STAGING_ENV_VAR, Transport, requested_staging
 from mpizero.comm.watchdog import Watchdog
+from mpizero.core.arrays import array_module
 from mpizero.core.formulas import inter_node_bytes
 
 WIRE_VIEWS = {"bfloat16": np.uint16, "float16": np.uint16}
@@ -206,7 +207,7 @@ class Collectives:
         A ``send`` from ``shared_buffer`` is summed straight from shared memory; other large host
         buffers go in pieces (``reduce_scatter``); both blocking, as measured faster than one call.
         """
-        arena = next((a for a in self.arenas.values() if a.owns(send)), None)
+        arena = self._arena_of(send)
         if arena is not None and self.paths.two_level:
             return self._run("reduce_scatter", send.nbytes, self._two_level_reduce(arena), send, recv, True, True)
         if arena is not None:
@@ -215,6 +216,23 @@ class Collectives:
             return self._run("reduce_scatter", send.nbytes, self._in_pieces, send, recv, True)
         call = self.comm.Reduce_scatter_block if blocking else self.comm.Ireduce_scatter_block
         return self._run("reduce_scatter", send.nbytes, lambda s, r: call(s, r, op=MPI.SUM), send, recv, blocking)
+
+    def reduce_scatter_add(self, send, total) -> None:
+        """Add this rank's block of the sum of ``send`` over ranks into ``total`` (blocking; a ``reduce_scatter``).
+
+        Out of the shared arena the sum goes straight into ``total``; other paths receive a temporary block first.
+        """
+        arena = self._arena_of(send)
+        if arena is not None and not self.paths.two_level and not self.transport.local:
+            adding = functools.partial(arena.reduce_scatter, add=True)
+            self._run("reduce_scatter", send.nbytes, adding, send, total, True)
+            return
+        block = array_module(total).empty_like(total)
+        self.reduce_scatter(send, block)
+        total += block
+
+    def _arena_of(self, send):
+        return next((a for a in self.arenas.values() if a.owns(send)), None)
 
     def _in_pieces(self, send, recv) -> None:
         reduce_scatter_in_pieces(self.comm, send, recv)

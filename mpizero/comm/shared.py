@@ -70,10 +70,13 @@ class SharedArena:
         self.window.Lock_all(MPI.MODE_NOCHECK)
         self.nbytes = nbytes
 
-    def reduce_scatter(self, local: np.ndarray, recv: np.ndarray) -> None:
-        """Sum every rank's ``local`` (obtained from ``buffer``) and keep this rank's block in ``recv``."""
+    def reduce_scatter(self, local: np.ndarray, recv: np.ndarray, add: bool = False) -> None:
+        """Sum every rank's ``local`` (obtained from ``buffer``) and keep this rank's block in ``recv``.
+
+        ``add``: add the block to what ``recv`` holds instead (no temporary block).
+        """
         with self.reading(local) as views:
-            sum_block(views, self.comm.Get_rank() * recv.size, recv)
+            sum_block(views, self.comm.Get_rank() * recv.size, recv, add)
 
     @contextmanager
     def reading(self, local: np.ndarray) -> Iterator[list[np.ndarray]]:
@@ -106,11 +109,15 @@ class SharedArena:
             self.window, self.segments, self.nbytes = None, [], 0
 
 
-def sum_block(views: list[np.ndarray], start: int, out: np.ndarray) -> None:
-    """Set ``out`` to the in-order sum of ``view[start : start + len(out)]`` over ``views``, chunk by chunk."""
+def sum_block(views: list[np.ndarray], start: int, out: np.ndarray, add: bool = False) -> None:
+    """Set ``out`` to the in-order sum of ``view[start : start + len(out)]`` over ``views``, chunk by chunk;
+    with ``add``, add that sum (in the same order) to ``out``."""
     for lo in range(0, out.size, CHUNK):
         hi = min(lo + CHUNK, out.size)
         chunk = out[lo:hi]
-        chunk[...] = views[0][start + lo : start + hi]
+        if add:
+            chunk += views[0][start + lo : start + hi]
+        else:
+            chunk[...] = views[0][start + lo : start + hi]
         for source in views[1:]:
             chunk += source[start + lo : start + hi]

@@ -72,11 +72,12 @@ def engine_bytes(setup: Setup) -> dict[str, int]:
     """Bytes each rank holds between steps, by kind, as ``ZeroEngine.memory()`` reports them."""
     plans = setup.counted_plans()
     owned = sum(span(p.owned_range) * n for p, n in plans)
+    separate_master = sum(span(p.owned_range) * n for p, n in plans if not p.master_is_param_shard(setup.param_bytes))
     return {
         "params": sum(span(p.params_range) * n for p, n in plans) * setup.param_bytes,
         "gathered": 0,
         "grads": owned * 4,
-        "master": owned * 4,
+        "master": separate_master * 4,  # stage 3 in float32: the param shard is the master (counted as params)
         "optimizer": owned * 4 * setup.optimizer_states,
         "comm": _comm_bytes(setup, plans),
     }

@@ -14,6 +14,8 @@ Glossary (these names and no others):
   sharded.
 - grad shard: the averaged float32 gradient over the owned range.
 - master shard: float32 parameters over the owned range; the optimizer's copy.
+  At stage 3 with float32 params it is the param shard itself (one buffer,
+  ``ShardPlan.master_is_param_shard``): the update writes the params directly.
 - optimizer state shard: the optimizer's buffers over the owned range.
 - padding: the zeros after the last tensor; they stay zero through every update.
 """
@@ -66,7 +68,6 @@ class FlatGroup:
         for _, spec, lo, hi in layout.overlaps(held_start, held_stop):
             held[lo - held_start : hi - held_start] = fill(spec.name, lo - spec.offset, hi - spec.offset)
         start, stop = plan.owned_range
-        self.master_shard = held[start - held_start : stop - held_start].copy()
         self.optimizer_state: dict = {}
         self.grad_shard = xp.zeros(stop - start, dtype=np.float32)
         self.local_grads = self.reduced = self.pending_reduce = self.pending_result = self.pending_gather = None
@@ -80,6 +81,9 @@ class FlatGroup:
             self.full_params = held.astype(self.param_dtype, copy=False)
             self.param_shard = self.full_params[shard_start:shard_stop]
             self.state = ParamState.UNSHARDED
+        self.shares_master = plan.master_is_param_shard(self.param_dtype.itemsize)
+        owned = held[start - held_start : stop - held_start]
+        self.master_shard = self.param_shard if self.shares_master else owned.copy()
 
     @property
     def owned_range(self) -> tuple[int, int]:
@@ -211,9 +215,11 @@ class FlatGroup:
             buffer[...] = 0
         else:
             reduction.add(buffer, grads, self.layout.specs, step_scales, first=True)
-        shard = self.xp.empty(self.grad_shard.shape, dtype=wire)
-        collectives.reduce_scatter(buffer, shard)
-        self._add_reduced(shard)
+        if self.reduced is None:
+            self.reduced = self.xp.empty(self.grad_shard.shape, dtype=wire)
+            collectives.reduce_scatter(buffer, self.reduced)
+        else:
+            collectives.reduce_scatter_add(buffer, self.reduced)  # from the arena: no round-sized temporary
         self.rounds_reduced += 1
 
     def start_reduce(self, collectives, reduction, blocking: bool, in_hand=(), step_scales=None) -> None:
@@ -287,7 +293,8 @@ class FlatGroup:
         if publish is Publish.COPY_FULL:
             self.full_params[...] = self.master_shard
             return
-        self.param_shard[...] = self.master_shard
+        if not self.shares_master:
+            self.param_shard[...] = self.master_shard
         if publish is Publish.COPY_THEN_ALLGATHER:
             collectives.allgather_in_place(self.full_params)
 
@@ -298,7 +305,7 @@ class FlatGroup:
             "params": self.param_shard.nbytes if self.plan.gathers_params else self.full_params.nbytes,
             "gathered": self.full_params.nbytes if transient_full else 0,
             "grads": self.grad_shard.nbytes,
-            "master": self.master_shard.nbytes,
+            "master": 0 if self.shares_master else self.master_shard.nbytes,  # counted once, as params
             "optimizer": sum(a.nbytes for a in self.optimizer_state.values()),
             "comm": sum(0 if b is None else b.nbytes for b in (self.local_grads, self.reduced, self.pending_result)),
         }

@@ -2,9 +2,10 @@
 
 Kinds: ``params`` (full params at stages 0-2, the param shard at stage 3),
 ``gathered`` (stage 3's transient full params of gathered units), ``grads``
-(the grad shard), ``master`` (the fp32 master shard), ``optimizer`` (the
-optimizer state shard), ``comm`` (local grads and reduce buffers in the
-reduction's wire dtype). Model states are params + grads + master + optimizer.
+(the grad shard), ``master`` (the fp32 master shard; 0 where it is the param
+shard itself, at stage 3 in float32), ``optimizer`` (the optimizer state
+shard), ``comm`` (local grads and reduce buffers in the reduction's wire
+dtype). Model states are params + grads + master + optimizer.
 """
 
 from __future__ import annotations

@@ -109,6 +109,11 @@ class ShardPlan:
         """Whether full params exist only between a gather and a release."""
         return self.sharding.params
 
+    def master_is_param_shard(self, param_bytes: int) -> bool:
+        """Whether the master shard is the param shard itself (stage 3, float32 params): both hold the same
+        values after every publish, so one buffer serves as both and the optimizer updates the params in place."""
+        return self.sharding.params and param_bytes == 4
+
     @property
     def gradient_collective(self) -> GradientCollective:
         """Reduce-scatter when only a shard of the averaged gradient is needed."""

@@ -24,7 +24,7 @@ from mpizero.checkpoint import store
 from mpizero.comm import agree
 from mpizero.core.engine import StepResult, ZeroEngine
 from mpizero.core.step import StepOrderError
-from mpizero.torch import state
+from mpizero.torch import heap, state
 from mpizero.torch.grads import GradientIntake
 from mpizero.torch.hooks import UnitHooks
 from mpizero.torch.meta import MetaInit, is_meta_model
@@ -44,6 +44,7 @@ def shard(
     comm: MPI.Comm | None = None,
     units: Sequence[torch.nn.Module] | None = None,
     init: Callable[[torch.nn.Module], None] | None = None,
+    trim_heap: bool = True,
     **settings,
 ) -> ShardedModel:
     """Train ``model``'s parameters with ZeRO ``stage`` over ``comm`` (default COMM_WORLD).
@@ -53,20 +54,21 @@ def shard(
     each child holding parameters). A model built on the meta device
     (``with torch.device("meta"):``) is materialized one module at a time,
     each rank keeping only what it holds, by each module's ``reset_parameters()``
-    or by ``init(module)`` (see ``meta``). ``settings`` are the engine's
+    or by ``init(module)`` (see ``meta``). ``trim_heap``: after each backward pass and step, hand the C
+    heap's free pages back to the OS (see ``heap``). ``settings`` are the engine's
     (``reduction``, ``param_dtype``, ``clip_norm``, ``on_nonfinite``, ...);
     ``watchdog`` defaults to 600 seconds (None turns it off).
     """
     settings.setdefault("watchdog", WATCHDOG_SECONDS)
     modules = default_units(model) if units is None else list(units)
-    return ShardedModel(model, optimizer, stage, comm, modules, settings, init)
+    return ShardedModel(model, optimizer, stage, comm, modules, settings, init, trim_heap)
 
 
 class ShardedModel:
     """The engine behind a torch module: ``step()``, ``join()``, ``gathered()``, ``state_dict()``, ``save()``, ..."""
 
-    def __init__(self, model, optimizer, stage: int, comm, modules, settings: dict, init=None) -> None:
-        self.model = model
+    def __init__(self, model, optimizer, stage: int, comm, modules, settings: dict, init=None, trim_heap=True):
+        self.model, self.trim_heap = model, trim_heap
         self.units = [u for u in plan_units(model, modules) if u.needed]
         owning = [u for u in self.units if u.owned]
         groups = [list(u.owned) for u in owning]
@@ -110,6 +112,11 @@ class ShardedModel:
         if self.hooks is not None:
             self.hooks.backward_done()
         self.grads.backward_done()
+        self._trim()
+
+    def _trim(self) -> None:
+        if self.trim_heap:
+            heap.release_free_pages()
 
     def last_backward(self) -> None:
         """Say that the next backward is this step's last: each group's reduction starts as soon as it is done.
@@ -170,6 +177,7 @@ class ShardedModel:
             self.grads.reset()
             self._grad_norm, self._ended = None, None
             self.binder.refresh()
+            self._trim()
 
     def _step_streamed(self, closure) -> StepResult:
         self.announcer.announce(Operation.STEP)

@@ -3,11 +3,15 @@
 CPU tensors become NumPy arrays through ``Tensor.numpy()``; CUDA tensors become
 CuPy arrays through DLPack, so the engine's GPU path serves torch on GPUs.
 ``FullParams`` is stage 3's unsharded buffer: a torch tensor that exists only
-between a gather and a release (as FSDP2 frees its unsharded parameters).
+between a gather and a release (as FSDP2 frees its unsharded parameters), its
+host memory refilled by the next gather while anything still holds it.
 """
 
 from __future__ import annotations
 
+import weakref
+
+import numpy as np
 import torch
 
 from mpizero.core.arrays import is_device_array
@@ -34,14 +38,19 @@ def as_tensor(array) -> torch.Tensor:
 class FullParams:
     """One group's full params (padded numel, float32) as a torch tensor, allocated only while gathered.
 
-    Each gather gets a new tensor, and freeing only drops this reference: a caller still holding a view (or a
-    NumPy array of it) keeps valid memory, never a view of freed storage.
+    Freeing only drops this reference: whoever still holds the memory (autograd's saved views of a unit's
+    forward, kept for its backward; a NumPy array a caller took inside ``gathered()``) holds valid memory, never
+    a view of freed storage. On the host, while anything holds it, the next gather refills that memory instead
+    of allocating more (as FSDP2 refills its unsharded storage for the backward): a unit's backward then needs
+    no second buffer, and a held view shows the group's params as of the last gather, as a view of a plain torch
+    parameter shows them after an update.
     """
 
     def __init__(self, numel: int, device: torch.device) -> None:
         self.numel, self.device = numel, device
         self.nbytes = 4 * numel
         self.tensor: torch.Tensor | None = None
+        self._last = lambda: None  # the last host buffer, while anything still holds it (a weak reference)
 
     @property
     def allocated(self) -> bool:
@@ -50,8 +59,17 @@ class FullParams:
     def allocate(self):
         """Make the buffer exist (if it does not); return an array view of it (zero-copy)."""
         if self.tensor is None:
-            self.tensor = torch.empty(self.numel, dtype=torch.float32, device=self.device)
+            on_host = self.device.type == "cpu"
+            self.tensor = self._host() if on_host else torch.empty(self.numel, dtype=torch.float32, device=self.device)
         return as_array(self.tensor)
+
+    def _host(self) -> torch.Tensor:
+        """The last host buffer if anything still holds it, else a new one."""
+        memory = self._last()
+        if memory is None:
+            memory = np.empty(self.numel, dtype=np.float32)
+            self._last = weakref.ref(memory)
+        return torch.from_numpy(memory)  # its storage holds ``memory`` as long as any view of it lives
 
     def free(self) -> None:
         self.tensor = None

@@ -73,7 +73,9 @@ def check_memory_by_stage():
         owned = padded if stage == 0 else shard
         held = engine.memory()
         assert held["params"] == 4 * sum(shard if stage == 3 else padded), (stage, held)
-        assert held["master"] == 4 * sum(owned) and held["grads"] == 4 * sum(owned)
+        assert held["master"] == (0 if stage == 3 else 4 * sum(owned)), (stage, held)  # stage 3: the param shard
+        assert held["grads"] == 4 * sum(owned)
+        assert all((g.master_shard is g.param_shard) == (stage == 3) for g in engine.groups), stage
         assert held["optimizer"] == 2 * 4 * sum(owned)
         arena = 8 * max(padded) if engine.collectives.shared else 0  # stages 2-3: the one shared bucket buffer
         assert held["comm"] == (8 * sum(padded) if stage < 2 else arena), (stage, held)
@@ -145,6 +147,9 @@ def check_shared_arena_reduce_scatter():
         got = np.empty(block, np.int64)
         coll.reduce_scatter(arena, got)
         assert got.tobytes() == expected.tobytes(), block
+        coll.reduce_scatter_add(arena, got)  # straight from the arena (at one rank: through a temporary block)
+        coll.reduce_scatter_add(values, got)  # a private buffer: through a temporary block
+        assert got.tobytes() == (3 * expected).tobytes(), block
     assert coll.shared  # mpiexec on one host: every rank shares the node
     coll.arenas["bucket"].free()
 
