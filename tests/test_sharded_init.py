@@ -41,7 +41,8 @@ def test_set_up_at_stage_3_holds_about_one_nth_of_the_model():
     for row in sharded:
         assert sum(row["engine"].values()) == 4 * model / 4, row
         assert row["growth"] < 4 * model / 4 + piece + slack, row
-    assert alone[0]["growth"] > 3 * max(row["growth"] for row in sharded), (alone, sharded)
+    # one rank's zeroed grad and Adam shards are not all resident at set-up: it grows about 3x a quarter's
+    assert alone[0]["growth"] > 2.5 * max(row["growth"] for row in sharded), (alone, sharded)
     for row in arrays:
         # the caller's arrays on top; the engine's zeroed grad and Adam shards are not all resident yet there
         assert row["growth"] > model + min(r["growth"] for r in sharded) * 0.75, (row, sharded)
