@@ -43,6 +43,13 @@ class SavedLayout:
         self._starts: dict[int, list[int]] = {}
 
     @classmethod
+    def of_manifest(cls, manifest: dict) -> SavedLayout:
+        """The layout a checkpoint's manifest (one that passed ``structure.check``) describes."""
+        shapes = {t["name"]: t["shape"] for t in manifest["tensors"]}
+        partition = manifest["partition"]
+        return cls(shapes, partition["groups"], partition["align"], manifest["world_size"])
+
+    @classmethod
     def of_engine(cls, engine) -> SavedLayout:
         """The layout ``engine``'s ranks write: its groups, alignment and world size."""
         groups = [[spec.name for spec in g.layout.specs] for g in engine.groups]
@@ -78,8 +85,8 @@ class SavedLayout:
         """``rank``'s file in order: each tensor range it holds, by tensor name."""
         found = []
         for g, (layout, partition) in enumerate(zip(self.layouts, self.partitions, strict=True)):
-            shard_start = partition.shard_range(rank)[0]
-            for _, spec, lo, hi in layout.overlaps(*partition.shard_range(rank)):
+            shard_start, shard_stop = partition.shard_range(rank)
+            for _, spec, lo, hi in layout.overlaps(shard_start, shard_stop):
                 at = self.group_starts(rank)[g] + lo - shard_start
                 found.append((spec.name, Run(rank, lo - spec.offset, hi - spec.offset, at)))
         return found

@@ -163,10 +163,7 @@ class CheckpointReader:
     """
 
     def __init__(self, path: str, manifest: dict) -> None:
-        self.path, self.manifest = path, manifest
-        shapes = {t["name"]: t["shape"] for t in manifest["tensors"]}
-        partition = manifest["partition"]
-        self.layout = SavedLayout(shapes, partition["groups"], partition["align"], manifest["world_size"])
+        self.path, self.manifest, self.layout = path, manifest, SavedLayout.of_manifest(manifest)
         self.rows = {state: row for row, state in enumerate(manifest["states"])}
         self.opened: dict[int, RankFile] = {}
 
@@ -225,7 +222,7 @@ def bytes_to_read(layout: SavedLayout, wanted: Iterable[tuple[str, int, int]], s
     It reads each touched file's digest table, and each block a run touches once: it meets a file's blocks in
     ascending order (runs sorted within a state, states in file order) and keeps the last one it read.
     """
-    touched: dict[int, set[int]] = {}
+    wanted, touched = list(wanted), {}
     for row in range(states):
         for name, start, stop in wanted:
             for run in layout.runs(name, start, stop):

@@ -305,13 +305,11 @@ def load(engine, path: str, overrides: Collection[str] = ()) -> Loaded:
         compat.check(engine, saved, os.path.join(path, MANIFEST), overrides)
         with CheckpointReader(path, saved) as reader:
             reader.verify(reader.empty_files() if engine.comm.Get_rank() == 0 else ())
+            pieces = engine.owned_pieces()
             for state in saved["states"]:
-                pieces = engine.owned_pieces()
-                hosts = [_host_buffer(piece.arrays[state]) for piece in pieces]
-                reader.read(
-                    state, [(p.spec.name, p.start, p.stop, host) for p, host in zip(pieces, hosts, strict=True)]
-                )
-                for piece, host in zip(pieces, hosts, strict=True):
+                hosts = [(piece, _host_buffer(piece.arrays[state])) for piece in pieces]
+                reader.read(state, [(p.spec.name, p.start, p.stop, host) for p, host in hosts])
+                for piece, host in hosts:
                     if host is not piece.arrays[state]:
                         piece.arrays[state][...] = host
             bytes_read = reader.bytes_read

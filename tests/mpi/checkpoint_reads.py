@@ -50,8 +50,7 @@ def load(directory: str, stage: int) -> None:
     path, _ = store.resolve(directory)
     loaded = store.load(engine, path)
     saved = manifest.read(path)
-    shapes = {t["name"]: t["shape"] for t in saved["tensors"]}
-    layout = SavedLayout(shapes, saved["partition"]["groups"], saved["partition"]["align"], saved["world_size"])
+    layout = SavedLayout.of_manifest(saved)
     owned = [(p.spec.name, p.start, p.stop) for p in engine.owned_pieces()]
     states = len(saved["states"])
     assert loaded.bytes_read == bytes_to_read(layout, owned, states, BLOCK), (loaded.bytes_read, owned)
