@@ -164,7 +164,7 @@ def test_another_optimizer_is_refused(tmp_path, saved):
 
 def test_another_learning_rate_is_refused_unless_overridden(tmp_path, saved):
     path = copy_of(saved, tmp_path)
-    expected = "manifest.json: field optimizer.hyper.lr: checkpoint 0.003, this run 0.001"
+    expected = "manifest.json: field optimizer.groups[0].hyper.lr: checkpoint 0.003, this run 0.001"
     refused(tmp_path, path, resume_from(path, tmp_path, "--lr", 0.001), expected)
     refused(tmp_path, path, resume_from(path, tmp_path, "--resume-override", "momentum"), "--resume-override names")
     log = train(2, 2, 5, "--resume", path, "--lr", 0.001, "--resume-override", "lr")

@@ -1,20 +1,29 @@
-"""Optimizers on shards equal the optimizer on the full vector, bit for bit, and mean what torch.optim documents."""
-
-import dataclasses
+"""Optimizers on shards equal the optimizer on the full vector, bit for bit, and mean what torch.optim documents;
+parameter groups cover every tensor once, and their hyper-parameters are read, checked and agreed at every step."""
 
 import numpy as np
 import pytest
 
 from mpizero import SGD, Adam, AdamW, Partition
-from mpizero.core import torch_semantics
-from mpizero.core.torch_semantics import DocumentedOptimizer
+from mpizero.core.optim import BoundOptimizer, groups, oracle, rules
+from mpizero.core.optim.oracle import DocumentedOptimizer
 
 OPTIMIZERS = [
     SGD(lr=0.1),
     SGD(lr=0.05, momentum=0.9, weight_decay=0.01),
+    SGD(lr=0.05, momentum=0.9, dampening=0.3, maximize=True),
+    SGD(lr=0.05, momentum=0.8, nesterov=True),
     Adam(lr=1e-2, weight_decay=0.01),
+    Adam(lr=1e-2, amsgrad=True, maximize=True),
     AdamW(lr=1e-2),
+    AdamW(lr=1e-2, amsgrad=True),
 ]
+
+
+def one_update(optimizer, param, grad, state, step):
+    """One step of ``optimizer``'s only group on a flat array."""
+    hyper = optimizer.rule.hyper_type(**{k: v for k, v in optimizer.param_groups[0].items() if k != "params"})
+    rules.update(optimizer.rule, hyper, step, param, grad, state)
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=repr)
@@ -29,9 +38,9 @@ def test_shard_updates_equal_full_update(optimizer, world):
     shard_states = [{n: np.zeros(len(s), np.float32) for n in optimizer.state_names} for s in shards]
     for step in range(1, 6):
         grad = (rng.standard_normal(numel) * 10.0 ** rng.integers(-6, 3)).astype(np.float32)
-        optimizer.update(full, grad, full_state, step)
+        one_update(optimizer, full, grad, full_state, step)
         for r, (shard, state) in enumerate(zip(shards, shard_states)):
-            optimizer.update(shard, grad[slice(*part.data_range(r))].copy(), state, step)
+            one_update(optimizer, shard, grad[slice(*part.data_range(r))].copy(), state, step)
     assert np.concatenate(shards).tobytes() == full.tobytes()
     for name in optimizer.state_names:
         assert np.concatenate([s[name] for s in shard_states]).tobytes() == full_state[name].tobytes()
@@ -40,7 +49,7 @@ def test_shard_updates_equal_full_update(optimizer, world):
 def test_optimizer_moves_parameters_downhill():
     p = np.array([1.0, -2.0], dtype=np.float32)
     state = {n: np.zeros(2, np.float32) for n in Adam().state_names}
-    Adam(lr=0.1).update(p, np.array([1.0, -1.0], dtype=np.float32), state, 1)
+    one_update(Adam(lr=0.1), p, np.array([1.0, -1.0], dtype=np.float32), state, 1)
     assert p.tolist() == pytest.approx([0.9, -1.9])
 
 
@@ -48,9 +57,13 @@ def test_optimizer_moves_parameters_downhill():
     "make, message",
     [
         (lambda: SGD(lr=-0.1), "lr must be in"),
-        (lambda: SGD(lr=0.1, momentum=1.5), "momentum"),
+        (lambda: SGD(lr=0.1, momentum=-0.5), "momentum"),
         (lambda: Adam(betas=(0.9, 1.0)), r"betas\[1\]"),
         (lambda: AdamW(eps=float("nan")), "eps"),
+        (lambda: SGD(lr=0.1, nesterov=True), "nesterov=True needs momentum"),
+        (lambda: Adam(momentum=0.9), r"Adam has no hyper-parameter \['momentum'\]"),
+        (lambda: AdamW([{"params": ["w"], "lr": -1.0}]), "lr must be in"),
+        (lambda: SGD([{"lr": 0.1}]), "needs a 'params' list"),
     ],
 )
 def test_bad_hyperparameters_name_the_value(make, message):
@@ -58,23 +71,29 @@ def test_bad_hyperparameters_name_the_value(make, message):
         make()
 
 
-# torch.optim's documented algorithms (mpizero.core.torch_semantics), the independent oracle verify uses.
+# torch.optim's documented algorithms (mpizero.core.optim.oracle), the independent oracle verify uses.
 
 
-DOCUMENTED = {"sgd": SGD(lr=0.05, momentum=0.9, weight_decay=0.01), "adam": Adam(lr=1e-2, weight_decay=0.01)}
-DOCUMENTED["adamw"] = AdamW(lr=1e-2)
+DOCUMENTED = [
+    ("sgd", SGD(lr=0.05, momentum=0.9, weight_decay=0.01)),
+    ("sgd", SGD(lr=0.05, momentum=0.9, dampening=0.5, maximize=True)),
+    ("sgd", SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    ("adam", Adam(lr=1e-2, weight_decay=0.01)),
+    ("adam", Adam(lr=1e-2, amsgrad=True, maximize=True)),
+    ("adamw", AdamW(lr=1e-2)),
+    ("adamw", AdamW(lr=1e-2, amsgrad=True, weight_decay=0.1)),
+]
 
 
-@pytest.mark.parametrize("name", sorted(DOCUMENTED))
-def test_optimizers_follow_torch_documented_algorithm_over_many_steps(name):
-    optimizer = DOCUMENTED[name]
+@pytest.mark.parametrize("name, optimizer", DOCUMENTED, ids=[repr(o) for _, o in DOCUMENTED])
+def test_optimizers_follow_torch_documented_algorithm_over_many_steps(name, optimizer):
     rng = np.random.default_rng(7)
     param = rng.standard_normal(257).astype(np.float32)
     state = {n: np.zeros(257, np.float32) for n in optimizer.state_names}
-    documented = DocumentedOptimizer(name, {"p": param}, dataclasses.asdict(optimizer), clip_norm=None)
+    documented = DocumentedOptimizer(name, {"p": param}, optimizer.defaults, clip_norm=None)
     for step in range(1, 51):
-        grad = rng.standard_normal(257).astype(np.float32)
-        optimizer.update(param, grad, state, step)
+        grad = (rng.standard_normal(257) * (1.0 + 0.5 * np.sin(step))).astype(np.float32)
+        one_update(optimizer, param, grad, state, step)
         documented.step({"p": grad})
     expected = documented.params["p"]
     assert np.max(np.abs(param - expected)) / np.max(np.abs(expected)) < 1e-5
@@ -82,26 +101,99 @@ def test_optimizers_follow_torch_documented_algorithm_over_many_steps(name):
 
 def test_documented_adam_first_step_moves_each_element_by_lr():
     theta, g = np.array([1.0, -2.0]), np.array([3.0, -1e-3])
-    moved = torch_semantics.adam(theta, g, {}, 1, lr=0.1, betas=(0.9, 0.999), eps=0.0)
+    moved = oracle.adam(theta, g, {}, 1, lr=0.1, betas=(0.9, 0.999), eps=0.0)
     assert moved.tolist() == pytest.approx([0.9, -1.9])
 
 
 def test_documented_weight_decay_is_coupled_in_adam_and_decoupled_in_adamw():
     theta, zero, hyper = np.array([2.0]), np.zeros(1), dict(lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
-    coupled = torch_semantics.adam(theta, zero, {}, 1, **hyper)
-    decoupled = torch_semantics.adamw(theta, zero, {}, 1, **hyper)
+    coupled = oracle.adam(theta, zero, {}, 1, **hyper)
+    decoupled = oracle.adamw(theta, zero, {}, 1, **hyper)
     assert coupled.tolist() == pytest.approx([1.9])  # lambda * theta is normalised like a gradient: a step of lr
     assert decoupled.tolist() == pytest.approx([1.98])  # theta * (1 - lr * lambda); the moments stay 0
 
 
 def test_documented_sgd_momentum_buffer_starts_at_the_first_gradient():
     state, theta = {}, np.array([1.0])
-    theta = torch_semantics.sgd(theta, np.array([1.0]), state, 1, lr=0.1, momentum=0.9)
-    theta = torch_semantics.sgd(theta, np.array([1.0]), state, 2, lr=0.1, momentum=0.9)
+    theta = oracle.sgd(theta, np.array([1.0]), state, 1, lr=0.1, momentum=0.9)
+    theta = oracle.sgd(theta, np.array([1.0]), state, 2, lr=0.1, momentum=0.9)
     assert state["b"].tolist() == pytest.approx([1.9]) and theta.tolist() == pytest.approx([1.0 - 0.1 - 0.19])
 
 
 def test_documented_clip_coefficient_is_torch_clip_grad_norm():
     grads = {"a": np.array([3.0]), "b": np.array([[4.0]])}
-    assert torch_semantics.clip_coefficient(grads, 1.0) == 1.0 / (5.0 + 1e-6)
-    assert torch_semantics.clip_coefficient(grads, 10.0) == 1.0
+    assert oracle.clip_coefficient(grads, 1.0) == 1.0 / (5.0 + 1e-6)
+    assert oracle.clip_coefficient(grads, 10.0) == 1.0
+
+
+def test_documented_amsgrad_steps_with_the_largest_second_moment_so_far():
+    state, theta = {}, np.array([0.0])
+    hyper = dict(lr=0.1, betas=(0.0, 0.5), eps=0.0, amsgrad=True)
+    oracle.adam(theta, np.array([2.0]), state, 1, **hyper)
+    oracle.adam(theta, np.array([0.0]), state, 2, **hyper)
+    assert state["v_max"].tolist() == [2.0] and state["v"].tolist() == [1.0]
+
+
+# Parameter groups
+
+
+def test_each_group_updates_its_tensors_with_its_own_hyper_parameters():
+    optimizer = AdamW([{"params": ["w"]}, {"params": ["b"], "weight_decay": 0.0, "lr": 0.5}], lr=0.1)
+    bound = BoundOptimizer(optimizer, ["w", "b"])
+    assert bound.group_of == {"w": 0, "b": 1}
+    decay, plain = bound.snapshot()
+    assert (decay.lr, decay.weight_decay, plain.lr, plain.weight_decay) == (0.1, 1e-2, 0.5, 0.0)
+
+
+def test_a_group_without_params_takes_every_tensor_no_other_group_lists():
+    optimizer = SGD([{"params": None}, {"params": ["b"], "lr": 0.0}], lr=0.1)
+    assert BoundOptimizer(optimizer, ["w", "b", "c"]).group_of == {"w": 0, "c": 0, "b": 1}
+
+
+@pytest.mark.parametrize(
+    "groups, message",
+    [
+        ([{"params": ["w"]}], r"tensors \['b'\] are in no parameter group"),
+        ([{"params": ["w", "b"]}, {"params": ["b"]}], r"name tensors twice \['b'\]"),
+        ([{"params": ["w", "b", "x"]}], r"unknown tensors \['x'\]"),
+        ([{"params": None}, {"params": None}], "only one parameter group may take every remaining tensor"),
+    ],
+)
+def test_groups_must_cover_every_tensor_exactly_once(groups, message):
+    with pytest.raises(ValueError, match=message):
+        BoundOptimizer(SGD(groups, lr=0.1), ["w", "b"])
+
+
+def test_a_schedule_changes_the_next_snapshot_and_its_digest():
+    optimizer = AdamW(lr=0.1)
+    bound = BoundOptimizer(optimizer, ["w"])
+    before = bound.snapshot()
+    optimizer.param_groups[0]["lr"] = 0.05
+    after = bound.snapshot()
+    assert after[0].lr == 0.05 and groups.digest(after) != groups.digest(before)
+    assert groups.digest(after) == groups.digest(bound.snapshot()) < 2**groups.DIGEST_BITS
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda g: g[0].update(lr=-1.0), r"parameter group 0: lr must be in"),
+        (lambda g: g[0].update(momentum=0.0), r"now needs states \[\], it had \['momentum_buffer'\]"),
+        (lambda g: g.append({"params": ["x"], "lr": 0.1}), "the optimizer has 2 parameter groups; it had 1"),
+        (lambda g: g[0].update(params=["w"]), "parameter group 0 changed its parameters"),
+        (lambda g: g[0].update(differentiable=True), "differentiable=True is not supported"),
+    ],
+)
+def test_a_snapshot_refuses_what_the_engine_cannot_honour(change, message):
+    optimizer = SGD(["w", "b"], lr=0.1, momentum=0.9)
+    bound = BoundOptimizer(optimizer, ["w", "b"])
+    change(optimizer.param_groups)
+    with pytest.raises(ValueError, match=message):
+        bound.snapshot()
+
+
+def test_hyper_parameters_given_as_numpy_or_torch_scalars_are_numbers():
+    optimizer = Adam(lr=0.1)
+    optimizer.param_groups[0].update(lr=np.float64(0.25), betas=(np.float32(0.5), 0.75))
+    (hyper,) = BoundOptimizer(optimizer, ["w"]).snapshot()
+    assert (hyper.lr, hyper.betas) == (0.25, (0.5, 0.75))

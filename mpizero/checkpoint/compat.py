@@ -14,7 +14,6 @@ the run starts and kept by every resumed continuation of it.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from collections.abc import Collection
@@ -22,10 +21,9 @@ from collections.abc import Collection
 from mpizero.checkpoint.manifest import CheckpointError
 
 
-def optimizer_record(optimizer) -> dict:
-    """The optimizer's type name and hyper-parameters, as JSON stores them (tuples become lists)."""
-    hyper = {f.name: getattr(optimizer, f.name) for f in dataclasses.fields(optimizer)}
-    return json.loads(json.dumps({"type": type(optimizer).__name__, "hyper": hyper}))
+def optimizer_record(engine) -> dict:
+    """The optimizer's type name and each parameter group's tensors and hyper-parameters, as JSON stores them."""
+    return json.loads(json.dumps(engine.bound.record()))
 
 
 def tensor_list(engine) -> list[dict]:
@@ -35,13 +33,22 @@ def tensor_list(engine) -> list[dict]:
 
 def state_names(engine) -> list[str]:
     """The states a checkpoint holds per tensor: the fp32 master weights, then each optimizer state."""
-    return ["master", *engine.optimizer.state_names]
+    return ["master", *engine.bound.state_names]
 
 
-def check(engine, manifest: dict, where: str, overrides: Collection[str] = ()) -> None:
-    """Raise CheckpointError (naming ``where`` and the field) unless ``manifest`` fits ``engine``'s run."""
+def cli_override(name: str) -> str:
+    """How a command-line user changes a recorded setting on resume."""
+    return f"pass --resume-override {name.replace('_', '-')}"
+
+
+CLI_OVERRIDE = cli_override
+
+
+def check(engine, manifest: dict, where: str, overrides: Collection[str] = (), how=CLI_OVERRIDE) -> None:
+    """Raise CheckpointError (naming ``where`` and the field) unless ``manifest`` fits ``engine``'s run;
+    ``how(name)`` says how the caller's user lets a setting named in ``overrides`` differ."""
     _check_model(tensor_list(engine), manifest["tensors"], where)
-    check_optimizer(manifest["optimizer"], optimizer_record(engine.optimizer), where, overrides)
+    check_optimizer(manifest["optimizer"], optimizer_record(engine), where, overrides, how)
     if manifest["states"] != state_names(engine):
         raise CheckpointError(
             f"{where}: field states: checkpoint {manifest['states']}, "
@@ -57,7 +64,7 @@ def run_identity(settings: dict) -> str:
 def engine_settings(engine, training_state: dict) -> dict:
     """The settings a run's numbers depend on, as far as the engine and the caller's training state tell."""
     return {
-        "optimizer": optimizer_record(engine.optimizer),
+        "optimizer": optimizer_record(engine),
         "tensors": tensor_list(engine),
         "data": training_state.get("data"),
     }
@@ -74,20 +81,29 @@ def check_settings(saved: dict, mine: dict, where: str, overrides: Collection[st
             )
 
 
-def check_optimizer(saved: dict, mine: dict, where: str, overrides: Collection[str] = ()) -> None:
-    """Refuse another optimizer type, and any hyper-parameter that differs unless ``overrides`` names it."""
+def check_optimizer(saved: dict, mine: dict, where: str, overrides: Collection[str] = (), how=CLI_OVERRIDE) -> None:
+    """Refuse another optimizer type or other parameter groups, and any hyper-parameter that differs unless
+    ``overrides`` names it (``how(name)`` says how to name it)."""
     if saved["type"] != mine["type"]:
         raise CheckpointError(
             f"{where}: field optimizer.type: checkpoint {saved['type']}, this run {mine['type']} "
             "(another optimizer is refused)"
         )
-    for name in sorted(set(saved["hyper"]) | set(mine["hyper"])):
-        theirs, ours = saved["hyper"].get(name), mine["hyper"].get(name)
-        if theirs != ours and name not in overrides:
-            raise CheckpointError(
-                f"{where}: field optimizer.hyper.{name}: checkpoint {theirs!r}, this run {ours!r} "
-                f"(to change it on resume, pass --resume-override {name})"
-            )
+    theirs_groups, our_groups = saved["groups"], mine["groups"]
+    if [g["params"] for g in theirs_groups] != [g["params"] for g in our_groups]:
+        sizes = [len(g["params"]) for g in theirs_groups], [len(g["params"]) for g in our_groups]
+        raise CheckpointError(
+            f"{where}: field optimizer.groups: the checkpoint's parameter groups hold other tensors "
+            f"(tensors per group: checkpoint {sizes[0]}, this run {sizes[1]})"
+        )
+    for index, (theirs, ours) in enumerate(zip(theirs_groups, our_groups)):
+        for name in sorted(set(theirs["hyper"]) | set(ours["hyper"])):
+            old, new = theirs["hyper"].get(name), ours["hyper"].get(name)
+            if old != new and name not in overrides:
+                raise CheckpointError(
+                    f"{where}: field optimizer.groups[{index}].hyper.{name}: checkpoint {old!r}, this run {new!r} "
+                    f"(to change it on resume, {how(name)})"
+                )
 
 
 def _check_model(mine: list[dict], theirs: list[dict], where: str) -> None:

@@ -32,7 +32,7 @@ from mpizero.checkpoint import structure
 from mpizero.comm.agree import ZeroError
 from mpizero.core import files
 
-FORMAT = "mpizero-checkpoint-5"
+FORMAT = "mpizero-checkpoint-6"
 MANIFEST = "manifest.json"
 KEY_VARIABLE, KEY_FILE_VARIABLE = "MPIZERO_CHECKPOINT_KEY", "MPIZERO_CHECKPOINT_KEY_FILE"
 MAX_BYTES = 1 << 24  # about 80 bytes per rank: 330 KiB at 4096 ranks (``estimate --scale``), 16 MiB at 200,000

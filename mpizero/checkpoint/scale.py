@@ -13,6 +13,10 @@ from collections.abc import Mapping, Sequence
 from mpizero.checkpoint import manifest, store
 from mpizero.checkpoint.layout import SavedLayout
 from mpizero.checkpoint.shards import BLOCK_BYTES, bytes_to_read, file_bytes
+from mpizero.core.optim import AdamW
+from mpizero.core.optim.hyper import as_dict
+
+ADAMW_HYPER = as_dict(AdamW().rule.hyper_type(**AdamW().defaults))
 
 
 def one_save(
@@ -29,10 +33,11 @@ def one_save(
     The manifest is counted with an empty ``training`` field (a run's settings add about 1 KiB).
     """
     source, target = SavedLayout(shapes, groups, align, ranks), SavedLayout(shapes, groups, align, reshard_to)
+    names = [name for group in groups for name in group]
     record = {
         "format": manifest.FORMAT,
         "stage": 3,
-        "optimizer": {"type": "AdamW", "hyper": {"lr": 0.001, "betas": [0.9, 0.999], "eps": 1e-08}},
+        "optimizer": {"type": "AdamW", "groups": [{"params": names, "hyper": ADAMW_HYPER}]},
         **store.layout_record(source, states, align),
         "block_bytes": block_bytes,
         "files": ["0" * 64] * ranks,

@@ -97,7 +97,7 @@ def save(engine, directory: str, training_state: dict, keep: int | None = None, 
 
 def engine_record(engine) -> dict:
     """The manifest's description of what ``engine`` saves: model, optimizer, states and partition rule."""
-    record = {"stage": engine.config.stage, "optimizer": compat.optimizer_record(engine.optimizer)}
+    record = {"stage": engine.config.stage, "optimizer": compat.optimizer_record(engine)}
     return {**record, **layout_record(SavedLayout.of_engine(engine), compat.state_names(engine), engine.config.align)}
 
 

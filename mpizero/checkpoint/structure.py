@@ -45,9 +45,13 @@ def check(manifest: dict) -> None:
     _keys(manifest, "(top level)", TOP_LEVEL)
     world_size = _int(manifest["world_size"], "world_size", low=1)
     _int(manifest["stage"], "stage", high=3)
-    _keys(manifest["optimizer"], "optimizer", ("type", "hyper"))
+    _keys(manifest["optimizer"], "optimizer", ("type", "groups"))
     _str(manifest["optimizer"]["type"], "optimizer.type")
-    _dict(manifest["optimizer"]["hyper"], "optimizer.hyper")
+    for index, group in enumerate(_list(manifest["optimizer"]["groups"], "optimizer.groups")):
+        where = f"optimizer.groups[{index}]"
+        _keys(group, where, ("params", "hyper"))
+        _names(group["params"], f"{where}.params", lambda s: s, "")
+        _dict(group["hyper"], f"{where}.hyper")
     states = _names(manifest["states"], "states", lambda s: s, "")
     if states[:1] != ["master"]:
         raise Invalid("states", f"must start with 'master', got {states}")

@@ -8,7 +8,6 @@ including 1). The same global batch and micro-batches give byte-identical
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -142,7 +141,7 @@ FIXED_SETTINGS = RUN_SETTINGS[:6]
 def override_problems(args) -> list[str]:
     """What is wrong with --resume-override: without --resume, or naming a setting a resumed run cannot change."""
     args.resume_override = [name.replace("-", "_") for name in args.resume_override]
-    hyper = {field.name for field in dataclasses.fields(OPTIMIZERS[args.optimizer])}
+    hyper = set(OPTIMIZERS[args.optimizer].hyper_names())
     allowed = sorted(hyper | set(RUN_SETTINGS) - set(FIXED_SETTINGS))
     unknown = sorted(set(args.resume_override) - set(allowed))
     problems = []

@@ -6,7 +6,7 @@ Run: ``mpiexec -n 4 python -m mpizero verify`` (any -n, including 1).
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
@@ -17,10 +17,10 @@ from mpizero.core.arrays import bits, device_module, to_device, to_host
 from mpizero.core.engine import ZeroEngine
 from mpizero.core.memory import format_bytes
 from mpizero.core.optim import OPTIMIZERS
+from mpizero.core.optim.oracle import DocumentedOptimizer
 from mpizero.core.precision import PRECISIONS, LossScaler
 from mpizero.core.reference import Reference
 from mpizero.core.stages import STAGES
-from mpizero.core.torch_semantics import DocumentedOptimizer
 from mpizero.training.mlp import MLP, regression_batch
 from mpizero.training.model import forward_backward
 from mpizero.training.trainer import Trainer, make_groups, reference_step
@@ -181,7 +181,7 @@ def build_runs(stage: int, args, comm, model, precision):
     engine = ZeroEngine(params, optimizer, comm=comm, groups=groups, stage=stage, reduction=args.reduction, **numerics)
     reference = RecordingReference(params, optimizer, args.reduction, **{k: numerics[k] for k in REFERENCE_SETTINGS})
     host_params = {n: to_host(p) for n, p in params.items()}
-    documented = DocumentedOptimizer(args.optimizer, host_params, asdict(optimizer), numerics["clip_norm"])
+    documented = DocumentedOptimizer(args.optimizer, host_params, optimizer.defaults, numerics["clip_norm"])
     return engine, Trainer(model, engine, precision), reference, documented
 
 
@@ -281,7 +281,7 @@ def compared_pairs(engine, reference):
     """Yield ``(what, group, start, engine array, reference flat slice)`` for every held buffer."""
     for group in engine.groups:
         flat = {"params": flatten(group, reference.params)}
-        for state_name in engine.optimizer.state_names:
+        for state_name in engine.bound.state_names:
             flat[state_name] = flatten(group, {n: s[state_name] for n, s in reference.state.items()})
         for what, start, buffer in group.held_buffers():
             source = flat["params" if what in ("params", "master") else what]

@@ -26,6 +26,8 @@ from mpizero.core.config import ZeroConfig
 from mpizero.core.group import FlatGroup, ParamState, StatePiece
 from mpizero.core.init import ShardedInit, from_arrays
 from mpizero.core.memory import KINDS, MemoryLog, peak_rss_bytes
+from mpizero.core.optim import BoundOptimizer
+from mpizero.core.optim import groups as optim_groups
 from mpizero.core.reduction import REDUCTIONS
 from mpizero.core.signature import params_problem, setup_signature
 from mpizero.core.stages import GradientCollective
@@ -74,6 +76,8 @@ class ZeroEngine:
         self.names = list(params.shapes if sharded else params)
         group_names = [self.names] if groups is None else [list(g) for g in groups]
         problem = params_problem(params, group_names)
+        self.bound, bind_problem = _bind(optimizer, self.names) if problem is None else (None, None)
+        problem = problem or bind_problem
         source = params if sharded or problem is not None else from_arrays(params)  # what fill makes values from
         on_device = problem is None and source.device == "gpu"
         self.collectives = Collectives(self.comm, self.config.watchdog, on_device)
@@ -82,10 +86,13 @@ class ZeroEngine:
         self.memory_log = MemoryLog()
         self._pending: list[int] = []  # groups whose gradient collective is in flight, oldest first
         self._reduced = False  # finish_reduction() left averaged grads for apply_update()
+        self._hyper: tuple | None = None  # this step's optimizer hyper-parameters, read at its first reduction
         agree.raise_if_any(self.collectives, problem, "bad parameters")
-        signature = setup_signature(params, group_names, self.config, self.collectives.paths, optimizer)
+        signature = setup_signature(params, group_names, self.config, self.collectives.paths, self.bound.describe())
         agree.raise_unless_equal(self.collectives, signature)
-        self.groups: list[FlatGroup] = setup.build_groups(source, group_names, self.config, optimizer, self.collectives)
+        self.groups: list[FlatGroup] = setup.build_groups(
+            source, group_names, self.config, self.bound, self.collectives
+        )
         self.numel = sum(g.layout.numel for g in self.groups)
         if sharded:
             setup.agree_held_params(self.groups, self.collectives)
@@ -217,10 +224,15 @@ class ZeroEngine:
         if self.groups[index].rounds_reduced and (self.groups[index].accumulated or in_hand):
             tally.note(f"group {index} was reduced round by round: its gradients cannot also be accumulated")
         self.collectives.watchdog.context = f"step {self.step_number}, group {index}"
-        total = self.collectives.agree(tally.agreement_row(early))
+        hyper_digest = self._read_hyper(tally)
+        total = self.collectives.agree(np.append(tally.agreement_row(early), [hyper_digest, -hyper_digest]))
+        total, agreed_digest, lowest_digest = total[:-2], total[-2], -total[-1]
         if total[1]:
             self._end_step()
             agree.raise_if_any(self.collectives, tally.problem, f"step {self.step_number}: bad gradients")
+        if agreed_digest != lowest_digest:
+            self._end_step()
+            self._raise_hyper_mismatch()
         count, any_early, maxima = int(total[0]), bool(total[2]), total[3:]
         if count == 0:
             self._end_step()
@@ -292,22 +304,54 @@ class ZeroEngine:
         self._reduced = True
         return None
 
-    def apply_update(self, grad_norm: float | None = None) -> StepResult:
-        """Update the owned range with the averaged gradients of ``finish_reduction`` and publish (collective)."""
+    def apply_update(self, grad_norm: float | None = None, hyper: tuple | None = None) -> StepResult:
+        """Update the owned range with the averaged gradients of ``finish_reduction`` and publish (collective).
+
+        ``hyper``: the optimizer's hyper-parameters for this update, read and agreed by the caller (default: those
+        read and agreed at the step's first reduction).
+        """
         if not self._reduced:
             raise StepOrderError("apply_update() needs a finish_reduction() that returned None first")
         self._reduced = False
         self.step_count += 1
+        hyper = self._hyper if hyper is None else hyper
         for group in self.groups:
-            group.update(self.optimizer, self.step_count)
+            group.update(self.bound.rule, hyper, self.step_count)
             group.publish(self.collectives)
         return StepResult(self.step_count, skipped=False, grad_norm=grad_norm)
+
+    def _read_hyper(self, tally) -> float:
+        """Read this step's hyper-parameters once (a problem is noted on ``tally``); return their digest."""
+        if self._hyper is None:
+            try:
+                self._hyper = self.bound.snapshot()
+            except ValueError as error:
+                tally.note(f"optimizer: {error}")
+                return -1.0
+        return float(optim_groups.digest(self._hyper))
+
+    def _raise_hyper_mismatch(self) -> None:
+        """Name the first hyper-parameter a rank holds otherwise than rank 0 (every rank raises the same error)."""
+        everyone = self.collectives.allgather_object(self.bound.record(self._hyper), "the optimizer hyper-parameters")
+        rank, group, name = next(
+            (r, g, n)
+            for r, record in enumerate(everyone)
+            for g, (ours, theirs) in enumerate(zip(everyone[0]["groups"], record["groups"]))
+            for n in ours["hyper"]
+            if ours["hyper"][n] != theirs["hyper"][n]
+        )
+        values = everyone[0]["groups"][group]["hyper"][name], everyone[rank]["groups"][group]["hyper"][name]
+        raise agree.ZeroError(
+            f"step {self.step_number}: parameter group {group}'s {name} is {values[0]!r} on rank 0 but {values[1]!r} "
+            f"on rank {rank}: every rank must set the same hyper-parameters (the same learning-rate schedule)"
+        )
 
     def _begin_step(self) -> None:
         """At a step's first call: fresh tallies, and the scales this pass encodes with (predicted, or forced)."""
         if not self._tracker.begin():
             return
         self._tallies = [GroupTally(g.layout.specs) for g in self.groups]
+        self._hyper = None
         self.scales.begin()
 
     def _end_step(self) -> None:
@@ -415,6 +459,16 @@ class ZeroEngine:
         """Bytes held now and at the peak so far, by kind; the peak total; the process's peak RSS."""
         log = self.memory_log
         return {"now": self.memory(), "peak": dict(log.peak), "peak_total": log.peak_total, "rss": peak_rss_bytes()}
+
+
+def _bind(optimizer, names: list[str]) -> tuple[BoundOptimizer | None, str | None]:
+    """The optimizer bound to the tensors, or the problem (its parameter groups do not cover them exactly once)."""
+    if not (hasattr(optimizer, "rule") and hasattr(optimizer, "param_groups")):
+        return None, f"optimizer must be mpizero.SGD, Adam or AdamW, got {type(optimizer).__name__}"
+    try:
+        return BoundOptimizer(optimizer, names), None
+    except (ValueError, TypeError) as error:
+        return None, f"optimizer: {error}"
 
 
 def _make_read_only(view) -> None:

@@ -160,7 +160,7 @@ def formula_setup(engine) -> Setup:
         engine.config.stage,
         engine.groups[0].param_dtype.itemsize,
         engine.reduction.wire_dtype.itemsize,
-        len(engine.optimizer.state_names),
+        len(engine.bound.state_names),
         engine.config.align,
         engine.collectives.shared and engine.groups[0].xp is np,
         engine.collectives.paths.nodes,
@@ -201,8 +201,8 @@ def agreement_bytes_per_step(
     """
     plans = setup.plans()
     per_group = sum(
-        8 * (3 + t) * count for t, count in zip(tensors, setup.counts(), strict=True)
-    )  # (count, problem flag, early flag, one maximum per tensor)
+        8 * (5 + t) * count for t, count in zip(tensors, setup.counts(), strict=True)
+    )  # (count, problem flag, early flag, one maximum per tensor, the optimizer's digest and its negation)
     norm = FLOAT_BYTES + NORM_SUM_BYTES if clip and plans[0].norm_needs_all_ranks else 0
     overflow = FLAG_BYTES if REDUCTIONS[reduction].result_can_overflow else 0
     return FLAG_BYTES + per_group + norm + overflow + 8 * micro_batches

@@ -29,6 +29,7 @@ import numpy as np
 
 from mpizero.core.arrays import to_host
 from mpizero.core.layout import FlatLayout, TensorSpec
+from mpizero.core.optim import rules
 from mpizero.core.stages import GradientCollective, Publish, ShardPlan
 
 
@@ -135,8 +136,17 @@ class FlatGroup:
         collectives.allgather(np.ascontiguousarray(shard), full, counted_as="report")
         return {k: v.copy() for k, v in self.layout.views(full).items()}
 
-    def init_optimizer(self, state_names) -> None:
+    def init_optimizer(self, state_names, param_group_of: dict[str, int]) -> None:
+        """Zero every optimizer state shard; note which parameter group updates each run of the owned range."""
         self.optimizer_state = {n: self.xp.zeros_like(self.master_shard) for n in state_names}
+        runs: list[list[int]] = []
+        for index, lo, hi in self.owned_segments():
+            group = param_group_of[self.layout.specs[index].name]
+            if runs and runs[-1][0] == group and runs[-1][2] == lo:
+                runs[-1][2] = hi
+            else:
+                runs.append([group, lo, hi])
+        self.optimizer_runs = [tuple(run) for run in runs]  # (parameter group, start, stop), owned-relative
 
     def gather(self, collectives, blocking: bool = True, out=None) -> None:
         """Start making the full params exist (all-gather at stage 3); finish at once if blocking.
@@ -283,9 +293,11 @@ class FlatGroup:
         if not self.plan.keeps_local_grads:
             self.local_grads = None
 
-    def update(self, optimizer, step: int) -> None:
-        """Apply one optimizer step to the master shard."""
-        optimizer.update(self.master_shard, self.grad_shard, self.optimizer_state, step)
+    def update(self, rule, hyper: tuple, step: int) -> None:
+        """Apply one optimizer step to the master shard, each run with its parameter group's ``hyper``."""
+        for group, lo, hi in self.optimizer_runs:
+            state = {name: a[lo:hi] for name, a in self.optimizer_state.items()}
+            rules.update(rule, hyper[group], step, self.master_shard[lo:hi], self.grad_shard[lo:hi], state)
 
     def publish(self, collectives) -> None:
         """Copy the master shard into the parameters every rank will use next."""

@@ -20,6 +20,7 @@ import numpy as np
 
 from mpizero.core import exact, norm, scales
 from mpizero.core.arrays import array_module
+from mpizero.core.optim import BoundOptimizer, rules
 
 
 def contribution(grads: Mapping, grad_dtype, loss_scale: float) -> dict[str, np.ndarray]:
@@ -50,9 +51,10 @@ class Reference:
     ) -> None:
         self.xp = array_module(next(iter(params.values())))
         self.params = {name: self.xp.array(a, dtype=np.float32) for name, a in params.items()}
-        self.optimizer, self.reduction = optimizer, reduction
+        self.optimizer, self.reduction = BoundOptimizer(optimizer, list(self.params)), reduction
         self.param_dtype, self.clip_norm, self.on_nonfinite = np.dtype(param_dtype), clip_norm, on_nonfinite
-        self.state = {n: {s: self.xp.zeros_like(p) for s in optimizer.state_names} for n, p in self.params.items()}
+        names = self.optimizer.state_names
+        self.state = {n: {s: self.xp.zeros_like(p) for s in names} for n, p in self.params.items()}
         self.step_count = self.skipped_steps = 0
         self.scale_headroom = scale_headroom
         self.previous_k: dict[str, int | None] = {}  # each tensor's last true scale exponent (``scales``)
@@ -76,8 +78,10 @@ class Reference:
             for g in grads.values():
                 g *= np.float32(1.0 if factor is None else factor)
         self.step_count += 1
+        hyper = self.optimizer.snapshot()
         for name, grad in grads.items():
-            self.optimizer.update(self.params[name], grad, self.state[name], self.step_count)
+            group = hyper[self.optimizer.group_of[name]]
+            rules.update(self.optimizer.rule, group, self.step_count, self.params[name], grad, self.state[name])
         return True
 
     def _learn_scales(self, contributions: Sequence[Mapping]) -> None:

@@ -20,7 +20,7 @@ from mpizero.core.partition import Partition
 from mpizero.core.stages import ShardPlan, sharding
 
 
-def build_groups(source: init.ShardedInit, group_names, config, optimizer, collectives) -> list[FlatGroup]:
+def build_groups(source: init.ShardedInit, group_names, config, bound, collectives) -> list[FlatGroup]:
     """Every group's buffers on this rank, in group order (collective: the outcome is agreed)."""
     comm = collectives.comm
     xp, rank, size = device_module(source.device), comm.Get_rank(), comm.Get_size()
@@ -30,7 +30,7 @@ def build_groups(source: init.ShardedInit, group_names, config, optimizer, colle
             layout = FlatLayout.from_shapes({n: source.shapes[n] for n in names})
             plan = ShardPlan(sharding(config.stage), Partition(layout.numel, size, config.align), rank)
             group = FlatGroup(layout, plan, xp, config.param_dtype, fill)
-            group.init_optimizer(optimizer.state_names)
+            group.init_optimizer(bound.state_names, bound.group_of)
             groups.append(group)
     except init.FillError as error:
         problem = str(error)

@@ -55,7 +55,7 @@ def _device_problem(device: str) -> str | None:
     return None
 
 
-def setup_signature(params: Mapping | ShardedInit, group_names, config, paths, optimizer) -> dict:
+def setup_signature(params: Mapping | ShardedInit, group_names, config, paths, optimizer: str) -> dict:
     """The fields every rank must agree on, by the name an error shows."""
     if isinstance(params, ShardedInit):
         shapes, dtypes = params.shapes, (str(PARAM_DTYPE),) * len(params.shapes)
@@ -71,7 +71,7 @@ def setup_signature(params: Mapping | ShardedInit, group_names, config, paths, o
         "the groups": tuple(map(tuple, group_names)),
         "the settings": config,
         "the communication paths": paths,
-        "the optimizer": repr(optimizer),
+        "the optimizer": optimizer,
         **values,
     }
 

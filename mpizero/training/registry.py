@@ -167,7 +167,7 @@ def formula_setups(units: list[Run], ranks: int, precision: str, reduction: str,
 
     ``units``: the model's units as runs of alike ones (an entry's ``unit_runs``), so no size takes long.
     """
-    states = len(OPTIMIZERS[optimizer](lr=1.0).state_names)
+    states = len(OPTIMIZERS[optimizer]().state_names)
     param_bytes = PRECISIONS[precision].param_dtype.itemsize
     wire_bytes = REDUCTIONS[reduction].wire_dtype.itemsize
     for stage in STAGES:

@@ -1,7 +1,7 @@
 """torch.optim's documented algorithms in float64 NumPy: an oracle for what the optimizer means.
 
 ``verify`` compares the engine with the single-rank reference bit for bit, but
-both call ``mpizero.core.optim``, so a wrong formula there (a bias correction
+both call ``mpizero.core.optim.rules``, so a wrong formula there (a bias correction
 off by one step, weight decay coupled where it should be decoupled) would pass
 that comparison. This module is the independent check: it is written from the
 pseudo-code in the ``torch.optim`` documentation (SGD, Adam, AdamW) and from
@@ -24,8 +24,11 @@ NAMES = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
 CLIP_EPS = 1e-6  # clip_grad_norm_: clip_coef = max_norm / (total_norm + 1e-6)
 
 
-def sgd(theta, g, state: dict, t: int, *, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
-    """One step of torch.optim.SGD's documented algorithm (maximize off)."""
+def sgd(
+    theta, g, state: dict, t: int, *, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False
+):
+    """One step of torch.optim.SGD's documented algorithm."""
+    g = -g if maximize else g
     if weight_decay:
         g = g + weight_decay * theta
     if momentum:
@@ -35,26 +38,43 @@ def sgd(theta, g, state: dict, t: int, *, lr, momentum=0.0, dampening=0.0, weigh
     return theta - lr * g
 
 
-def adam(theta, g, state: dict, t: int, *, lr, betas, eps, weight_decay=0.0):
-    """One step of torch.optim.Adam's documented algorithm: L2 weight decay added to the gradient."""
-    if weight_decay:
+def adam(
+    theta,
+    g,
+    state: dict,
+    t: int,
+    *,
+    lr,
+    betas,
+    eps,
+    weight_decay=0.0,
+    amsgrad=False,
+    maximize=False,
+    decoupled_weight_decay=False,
+):
+    """One step of torch.optim.Adam's documented algorithm: L2 weight decay added to the gradient, or decoupled."""
+    g = -g if maximize else g
+    if decoupled_weight_decay:
+        theta = theta - lr * weight_decay * theta
+    elif weight_decay:
         g = g + weight_decay * theta
-    return theta - lr * _adam_direction(g, state, t, betas, eps)
+    return theta - lr * _adam_direction(g, state, t, betas, eps, amsgrad)
 
 
-def adamw(theta, g, state: dict, t: int, *, lr, betas, eps, weight_decay=1e-2):
+def adamw(theta, g, state: dict, t: int, *, weight_decay=1e-2, **hyper):
     """One step of torch.optim.AdamW's documented algorithm: decoupled weight decay."""
-    theta = theta - lr * weight_decay * theta
-    return theta - lr * _adam_direction(g, state, t, betas, eps)
+    return adam(theta, g, state, t, weight_decay=weight_decay, **{**hyper, "decoupled_weight_decay": True})
 
 
-def _adam_direction(g, state: dict, t: int, betas, eps):
-    """Update the moments and return m_hat / (sqrt(v_hat) + eps) (amsgrad off)."""
+def _adam_direction(g, state: dict, t: int, betas, eps, amsgrad: bool):
+    """Update the moments and return m_hat / (sqrt(v_hat) + eps), v_hat from the largest v so far with amsgrad."""
     beta1, beta2 = betas
     state["m"] = beta1 * state.get("m", 0.0) + (1.0 - beta1) * g
     state["v"] = beta2 * state.get("v", 0.0) + (1.0 - beta2) * g * g
+    if amsgrad:
+        state["v_max"] = np.maximum(state.get("v_max", 0.0), state["v"])
     m_hat = state["m"] / (1.0 - beta1**t)
-    v_hat = state["v"] / (1.0 - beta2**t)
+    v_hat = state["v_max" if amsgrad else "v"] / (1.0 - beta2**t)
     return m_hat / (np.sqrt(v_hat) + eps)
 
 

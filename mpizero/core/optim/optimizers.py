@@ -1,0 +1,97 @@
+"""``SGD``, ``Adam`` and ``AdamW`` for the engine, built as torch.optim's are: parameter groups and defaults.
+
+``params`` is None (one group of every tensor), a list of tensor names (one
+group), or a list of dicts, each with ``"params"`` (tensor names) and any
+hyper-parameters that differ from the defaults, as in
+``torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=3e-4)``.
+``param_groups`` stays a list of plain dicts the caller may change between
+steps (a learning-rate schedule): the engine reads it at every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from mpizero.core.optim.hyper import as_dict
+from mpizero.core.optim.rules import AdamRule, SGDRule
+
+
+class Optimizer:
+    """An algorithm (``rule``), its defaults, and parameter groups of tensor names."""
+
+    rule = SGDRule
+    fixed: dict = {}  # hyper-parameters this class sets (AdamW: decoupled weight decay)
+
+    def __init__(self, params: Iterable | None = None, **defaults) -> None:
+        unknown = sorted(set(defaults) - set(self.hyper_names()))
+        if unknown:
+            raise ValueError(f"{type(self).__name__} has no hyper-parameter {unknown}; it takes {self.hyper_names()}")
+        self.defaults = as_dict(self.rule.hyper_type(**{**self.fixed, **defaults}))
+        self.param_groups = [self._group(g) for g in _groups(params)]
+
+    @classmethod
+    def hyper_names(cls) -> list[str]:
+        """The hyper-parameters this optimizer takes (torch.optim's names)."""
+        return [name for name in as_dict(cls.rule.hyper_type()) if name not in cls.fixed]
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        """The states kept per element by any group (momentum buffer, Adam's moments, AMSGrad's maximum)."""
+        hypers = [self.rule.hyper_type(**{k: v for k, v in g.items() if k != "params"}) for g in self.param_groups]
+        return tuple(dict.fromkeys(name for h in hypers for name in h.state_names))
+
+    def _group(self, group: dict) -> dict:
+        merged = {**self.defaults, **group}
+        self.rule.hyper_type(**{k: v for k, v in merged.items() if k != "params"})  # check it now, as torch does
+        return merged
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.defaults.items() if k not in self.fixed)
+        return f"{type(self).__name__}({shown}, groups={len(self.param_groups)})"
+
+
+def _groups(params) -> list[dict]:
+    """``params`` as a list of group dicts, each with its ``"params"`` list of names (None: every tensor)."""
+    if params is None:
+        return [{"params": None}]
+    if isinstance(params, (str, Mapping)) or not isinstance(params, Iterable):
+        raise TypeError(f"params must be tensor names or a list of parameter groups (dicts), got {params!r}")
+    listed = list(params)
+    if listed and all(isinstance(g, Mapping) for g in listed):
+        for g in listed:
+            if "params" not in g:
+                raise ValueError(f"a parameter group needs a 'params' list, got keys {sorted(g)}")
+        return [{**g, "params": None if g["params"] is None else _names(g["params"])} for g in listed]
+    return [{"params": _names(listed)}]
+
+
+def _names(params) -> list[str]:
+    names = [params] if isinstance(params, str) else list(params)
+    if not all(isinstance(n, str) for n in names):
+        raise TypeError(f"the engine's parameter groups list tensor names, got {names[:3]!r}")
+    return names
+
+
+class SGD(Optimizer):
+    """torch.optim.SGD: ``lr``, ``momentum``, ``dampening``, ``weight_decay``, ``nesterov``, ``maximize``."""
+
+    rule = SGDRule
+
+
+class Adam(Optimizer):
+    """torch.optim.Adam: ``lr``, ``betas``, ``eps``, ``weight_decay`` (L2), ``amsgrad``, ``maximize``."""
+
+    rule = AdamRule
+    fixed = {"decoupled_weight_decay": False}
+
+
+class AdamW(Adam):
+    """torch.optim.AdamW: Adam with decoupled weight decay (default 1e-2)."""
+
+    fixed = {"decoupled_weight_decay": True}
+
+    def __init__(self, params: Iterable | None = None, **defaults) -> None:
+        super().__init__(params, **{"weight_decay": 1e-2, **defaults})
+
+
+OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
