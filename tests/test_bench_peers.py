@@ -65,13 +65,14 @@ def test_deepspeed_stages_1_to_3_accumulate_and_step_once_per_step(tmp_path):
     assert all(row[1] == "-" for row in rows.values()), rows  # no DDP run: no ratio
 
 
-def test_a_framework_not_installed_is_skipped_with_its_reason_and_the_rest_runs(tmp_path):
-    rows, runs = bench(
-        tmp_path, ["--configs", "deepspeed-2", "mpizero-1-exact", "--micro-batches", "2"], ("deepspeed",)
-    )
+def test_a_framework_not_installed_is_skipped_with_its_reason_and_the_rest_runs_and_is_drawn(tmp_path):
+    chart = tmp_path / "chart.png"
+    configs = ["--configs", "deepspeed-2", "mpizero-1-exact", "--micro-batches", "2", "--chart", str(chart)]
+    rows, runs = bench(tmp_path, configs, ("deepspeed",))
     assert " ".join(rows["deepspeed-2"]) == f"skipped: {NOT_INSTALLED}"
     assert runs[0] == {"config": "deepspeed-2", "skipped": NOT_INSTALLED}
     check_runs({"mpizero-1-exact": rows["mpizero-1-exact"]}, runs[1:], ["mpizero-1-exact"], [2])
+    assert chart.read_bytes().startswith(b"\x89PNG")
 
 
 def test_the_bandwidth_line_gives_copy_and_add_for_one_and_two_processes(tmp_path):
