@@ -1,30 +1,37 @@
-"""mpizero against PyTorch DDP and FSDP2 (gloo) on the same MLP, optimizer, batch and threads.
+"""mpizero against PyTorch DDP, FSDP2 and DeepSpeed ZeRO 1-3 (gloo) on the same MLP, optimizer, batch and threads.
 
-Run: python benchmarks/bench_peers.py --ranks 2   (needs torch: pip install -e ".[peers]")
-Model: ``--layers`` Linear(width, width) layers with ReLU between, MSE loss, Adam,
-global batch ``--batch`` in ``--micro-batches`` backward passes per rank, fp32,
-one thread per rank. Every configuration runs in its own ``mpiexec -n RANKS``
-job; the table gives the median step time after warm-up, its ratio to DDP, the
-largest peak RSS of any rank, and the largest peak RSS above that rank's RSS
-once torch was imported and the model built (what the training state costs).
+Run: python benchmarks/bench_peers.py --ranks 2   (the peers need torch and DeepSpeed: pip install -e ".[peers]"
+after the CPU build of torch; a configuration whose framework is not installed is skipped and says why)
+Model: ``--layers`` Linear(width, width) layers with ReLU between, MSE loss, Adam (lr 1e-4),
+global batch ``--batch``, fp32, one thread per rank. Each configuration runs once per ``--micro-batches`` count
+(backward passes per rank and step), each run in its own ``mpiexec -n RANKS`` job; the table gives, per count,
+the median step time after warm-up and its ratio to DDP's, then, for the first count, the largest peak RSS of any
+rank and the largest peak RSS above that rank's RSS once torch was imported and the model built (what the training
+state costs). ``--json PATH`` appends each run's result as one JSON line as soon as it ends.
 
 Accumulation as each framework's users do it: DDP under ``no_sync()`` but for
 the last micro-batch; FSDP2 reduce-scatters every micro-batch (its default);
-``mpizero.torch`` streams the gradients through ``step(closure)``.
+DeepSpeed with its own ``gradient_accumulation_steps``, ``engine.backward`` and ``engine.step()`` per micro-batch;
+``mpizero.torch`` streams the gradients through ``step(closure)``; the engine-only ``mpizero-N-*`` configurations
+(NumPy MLP) hand the trainer the micro-batches.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
+import logging
 import os
 import resource
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
+from bench_bandwidth import bandwidth_line
 
 from mpizero.comm.launcher import python_under_mpiexec
 from mpizero.progress import progress
@@ -33,15 +40,23 @@ HERE = Path(__file__).resolve()
 CONFIGS = [
     "torch-ddp",
     "torch-fsdp2",
+    "deepspeed-1",
+    "deepspeed-2",
+    "deepspeed-3",
     "mpizero-0-exact",
     "mpizero-1-exact",
     "mpizero-2-exact",
     "mpizero-3-exact",
     "mpizero-2-native",
     "mpizero-3-native",
+    "mpizero.torch-0",
+    "mpizero.torch-1",
     "mpizero.torch-2",
     "mpizero.torch-3",
 ]
+NEEDS = {"torch": "torch", "deepspeed": "deepspeed", "mpizero.torch": "torch"}  # framework: the module it imports
+WARMUP = 2  # steps left out of the median
+RESULT = "bench_peers result: "  # how a worker's one line of result starts (the frameworks print on stdout too)
 
 
 def parse() -> argparse.Namespace:
@@ -51,11 +66,32 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--micro-batches", type=int, default=8, help="backward passes per rank and step")
-    parser.add_argument("--configs", nargs="+", default=CONFIGS, choices=CONFIGS)
+    parser.add_argument(
+        "--micro-batches", type=int, nargs="+", default=[8, 1], help="backward passes per rank and step: one run each"
+    )
+    parser.add_argument("--configs", nargs="*", default=CONFIGS, choices=CONFIGS)
+    parser.add_argument("--json", default=None, help="append each run's result to this file as a JSON line")
+    parser.add_argument("--bandwidth", action="store_true", help="also measure this machine's memory bandwidth")
+    parser.add_argument("--bandwidth-mib", type=int, default=1024, help="size of each bandwidth array, MiB")
     parser.add_argument("--chart", default=None, help="also draw step time and peak RSS per configuration (PNG)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.steps <= WARMUP:
+        parser.error(f"--steps {args.steps}: at least {WARMUP + 1} (the first {WARMUP} are warm-up)")
+    return args
+
+
+def framework(config: str) -> str:
+    """The framework a configuration runs: ``torch``, ``deepspeed``, ``mpizero`` or ``mpizero.torch``."""
+    return config.split("-")[0]
+
+
+def missing(config: str) -> str | None:
+    """Why ``config`` cannot run here (its framework is not installed), or None when it can."""
+    module = NEEDS.get(framework(config))
+    if module and importlib.util.find_spec(module) is None:
+        return f'{module} is not installed (pip install -e ".[peers]" after the CPU build of torch)'
+    return None
 
 
 def local_batch(args, rank: int, size: int, step: int):
@@ -63,6 +99,12 @@ def local_batch(args, rank: int, size: int, step: int):
     per_rank = args.batch // size
     x = rng.standard_normal((per_rank, args.width)).astype(np.float32)
     return x, np.tanh(x[:, ::-1]).copy()
+
+
+def engine_micro_batch(args, size: int, step: int, m: int):
+    """Global micro-batch ``m`` of the step: piece ``m % k`` of rank ``m // k``'s batch (``k`` per rank)."""
+    k = args.micro_batches
+    return tuple(np.array_split(t, k)[m % k] for t in local_batch(args, m // k, size, step))
 
 
 def micro_batches(args, rank: int, size: int, step: int):
@@ -115,7 +157,11 @@ def mpizero_worker(args, config: str) -> dict:
     )
     trainer = Trainer(model, engine, PRECISIONS["fp32"])
     size = comm.Get_size()
-    times = timed_steps(args, comm.Barrier, lambda step: trainer.step(lambda m: local_batch(args, m, size, step), size))
+
+    def step_fn(step: int) -> None:
+        trainer.step(lambda m: engine_micro_batch(args, size, step, m), size * args.micro_batches)
+
+    times = timed_steps(args, comm.Barrier, step_fn)
     slowest = np.empty(len(times))
     comm.Allreduce(np.array(times), slowest, op=MPI.MAX)
     return {
@@ -165,6 +211,19 @@ def mpizero_torch_worker(args, config: str) -> dict:
     return {"times": slowest.tolist(), "rss": rss, "above": above, "redone": zero.engine.redone_steps}
 
 
+def gathered(times: list[float], baseline: int) -> dict:
+    """The slowest rank's step times, the largest peak RSS and peak RSS above ``baseline`` (torch.distributed)."""
+    import torch
+    import torch.distributed as dist
+
+    slowest = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss = torch.tensor([peak, peak - baseline], dtype=torch.float64)
+    dist.all_reduce(rss, op=dist.ReduceOp.MAX)
+    return {"times": slowest.tolist(), "rss": float(rss[0]), "above": float(rss[1])}
+
+
 def torch_worker(args, config: str) -> dict:
     import torch
     import torch.distributed as dist
@@ -195,32 +254,68 @@ def torch_worker(args, config: str) -> dict:
                 (torch.nn.functional.mse_loss(model(x), y) / len(pairs)).backward()
         optimizer.step()
 
-    times = timed_steps(args, dist.barrier, step_fn)
-    slowest = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    rss = torch.tensor([peak, peak - baseline], dtype=torch.float64)
-    dist.all_reduce(rss, op=dist.ReduceOp.MAX)
+    result = gathered(timed_steps(args, dist.barrier, step_fn), baseline)
     dist.destroy_process_group()
-    return {"times": slowest.tolist(), "rss": float(rss[0]), "above": float(rss[1])}
+    return result
 
 
-def run_config(args, config: str) -> dict:
-    command = [
-        *python_under_mpiexec(args.ranks, str(HERE)),
-        "--worker",
-        config,
-        "--width",
-        str(args.width),
-        "--layers",
-        str(args.layers),
-        "--batch",
-        str(args.batch),
-        "--steps",
-        str(args.steps),
-        "--micro-batches",
-        str(args.micro_batches),
-    ]
+def deepspeed_config(args, stage: int, size: int) -> dict:
+    """DeepSpeed's settings: ZeRO ``stage``, fp32, its own accumulation over ``--micro-batches``, quiet."""
+    return {
+        "train_micro_batch_size_per_gpu": max(1, args.batch // size // args.micro_batches),
+        "gradient_accumulation_steps": args.micro_batches,
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,  # torch.optim.Adam as the client optimizer, as the others use
+        "steps_per_print": 10**9,
+    }
+
+
+def deepspeed_worker(args, config: str) -> dict:
+    """The torch model trained by DeepSpeed's ZeRO (CPU accelerator, gloo, client ``torch.optim.Adam``)."""
+    rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+    local_rank = os.environ.get("MPI_LOCALRANKID", str(rank))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=local_rank, DS_ACCELERATOR="cpu")
+    import deepspeed
+    import deepspeed.ops
+    import torch
+    import torch.distributed as dist
+
+    deepspeed.utils.logger.setLevel(logging.WARNING)  # its INFO lines go to stdout, which carries the result
+    # DeepSpeed 0.19 calls torch.distributed functions that torch 2.13 deprecates, with a warning at every call
+    warnings.filterwarnings("ignore", r"`torch\.distributed\.\w+` is deprecated", FutureWarning)
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # else a C++ op compiles for minutes at start
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    model = torch_mlp(args)
+    baseline = current_rss()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    stage = int(config.split("-")[1])
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(args, stage, size))
+
+    def step_fn(step: int) -> None:
+        for x, y in micro_batches(args, rank, size, step):
+            engine.backward(torch.nn.functional.mse_loss(engine(x), y))  # DeepSpeed divides by the accumulation
+            engine.step()  # updates at the last micro-batch only
+
+    result = gathered(timed_steps(args, dist.barrier, step_fn), baseline)
+    dist.destroy_process_group()
+    return {**result, "optimizer_steps": engine.global_steps}
+
+
+WORKERS = {
+    "torch": torch_worker,
+    "deepspeed": deepspeed_worker,
+    "mpizero.torch": mpizero_torch_worker,
+    "mpizero": mpizero_worker,
+}
+
+
+def run_config(args, config: str, micro_batches: int) -> dict:
+    """Run ``config`` at ``micro_batches`` per rank in its own ``mpiexec`` job; return rank 0's result."""
+    command = [*python_under_mpiexec(args.ranks, str(HERE)), "--worker", config]
+    for option in ("width", "layers", "batch", "steps"):
+        command += [f"--{option}", str(getattr(args, option))]
+    command += ["--micro-batches", str(micro_batches)]
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -230,60 +325,108 @@ def run_config(args, config: str) -> dict:
     }
     # stdout carries the result; stderr is left to the terminal, for the worker's progress lines
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=1200, env=env)
-    if done.returncode != 0:
-        raise SystemExit(f"{config} failed (exit {done.returncode}); its error output is above")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    results = [line[len(RESULT) :] for line in done.stdout.splitlines() if line.startswith(RESULT)]
+    if done.returncode != 0 or len(results) != 1:
+        raise SystemExit(f"{config} failed (exit {done.returncode}); its error output is above; stdout:\n{done.stdout}")
+    result = json.loads(results[0])
+    median = float(np.median(result["times"][WARMUP:]))
+    return {"config": config, "micro_batches": micro_batches, "median_ms": round(median * 1e3, 3), **result}
+
+
+def record(path: str | None, row: dict) -> None:
+    """Append ``row`` to the JSON-lines file at ``path`` (when one was asked for), flushed at once."""
+    if path:
+        with open(path, "a") as out:
+            out.write(json.dumps(row) + "\n")
+
+
+def run_all(args) -> dict[str, dict]:
+    """Every configuration at every micro-batch count: ``{config: {count: result}}``, or ``{"skipped": why}``."""
+    rows = {}
+    for config in progress(args.configs, "bench_peers configurations"):
+        why = missing(config)
+        if why:
+            rows[config] = {"skipped": why}
+            record(args.json, {"config": config, "skipped": why})
+            continue
+        rows[config] = {}
+        for count in args.micro_batches:
+            rows[config][count] = run_config(args, config, count)
+            record(args.json, rows[config][count])
+    return rows
+
+
+def table(rows: dict[str, dict], args) -> list[str]:
+    """The table's lines: per count the median step ms and x DDP, then the first count's RSS columns."""
+    counts, first = args.micro_batches, args.micro_batches[0]
+    ddp = rows.get("torch-ddp", {})
+    header = f"{'configuration':<18}"
+    for count in counts:
+        header += f" {f'{count} mb: ms':>11} {'x DDP':>6}"
+    lines = [header + f" {f'peak RSS MiB ({first})':>17} {f'above model MiB ({first})':>21}"]
+    for config, runs in rows.items():
+        if "skipped" in runs:
+            lines.append(f"{config:<18} skipped: {runs['skipped']}")
+            continue
+        line = f"{config:<18}"
+        for count in counts:
+            ratio = runs[count]["median_ms"] / ddp[count]["median_ms"] if count in ddp else None
+            line += f" {runs[count]['median_ms']:>11.1f} {f'{ratio:.2f}' if ratio else '-':>6}"
+        above = runs[first].get("above")
+        above = f"{above / 1024:>21.0f}" if above is not None else f"{'-':>21}"
+        lines.append(line + f" {runs[first]['rss'] / 1024:>17.0f} {above}")
+    return lines
 
 
 def main() -> None:
     args = parse()
     if args.worker:
-        workers = {"torch": torch_worker, "mpizero.torch": mpizero_torch_worker, "mpizero": mpizero_worker}
-        result = workers[args.worker.split("-")[0]](args, args.worker)
+        (args.micro_batches,) = args.micro_batches  # one count per worker
+        result = WORKERS[framework(args.worker)](args, args.worker)
         if int(os.environ.get("PMI_RANK", "0")) == 0:
-            print(json.dumps(result), flush=True)
-        if args.worker.startswith("torch"):
+            print(RESULT + json.dumps(result), flush=True)
+        if framework(args.worker) in ("torch", "deepspeed"):
             os._exit(0)  # torch+gloo sometimes aborts in its exit-time destructors ("terminate called ...")
         return
     from threadpoolctl import threadpool_info
 
     blas = {i.get("internal_api") for i in threadpool_info()}
-    rows = {config: run_config(args, config) for config in progress(args.configs, "bench_peers configurations")}
+    if args.bandwidth:
+        print(bandwidth_line(args.bandwidth_mib), flush=True)
+    rows = run_all(args)
     params = args.layers * (args.width * args.width + args.width)
     print(
         f"{args.layers}-layer {args.width}x{args.width} ReLU MLP ({params:,} parameters), Adam, global batch "
-        f"{args.batch} in {args.micro_batches} micro-batches per rank (torch configurations), fp32, {args.ranks} "
-        f"ranks, 1 thread per rank ({', '.join(sorted(blas))})"
+        f"{args.batch}, {' and '.join(map(str, args.micro_batches))} micro-batches (mb) per rank, fp32, {args.ranks} "
+        f"ranks, 1 thread per rank ({', '.join(sorted(blas))}), median of steps {WARMUP + 1}-{args.steps}"
     )
-    print(f"{'configuration':<18} {'step ms':>9} {'x DDP':>7} {'peak RSS MiB':>13} {'above model MiB':>16}")
-    ddp = np.median(rows["torch-ddp"]["times"][2:]) if "torch-ddp" in rows else None
-    for config, row in rows.items():
-        median = float(np.median(row["times"][2:]))
-        ratio = f"{median / ddp:7.2f}" if ddp else f"{'-':>7}"
-        above = f"{row['above'] / 1024:>16.0f}" if "above" in row else f"{'-':>16}"
-        print(f"{config:<18} {median * 1e3:>9.1f} {ratio} {row['rss'] / 1024:>13.0f} {above}")
+    print("\n".join(table(rows, args)))
     if args.chart:
         draw(rows, args, args.chart)
 
 
 def draw(rows: dict, args, path: str) -> None:
-    """Two bar charts side by side: median step time and peak RSS per configuration."""
+    """Two bar charts side by side: median step time and peak RSS per configuration, at the first count."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(rows)
-    colours = ["#d62728" if n.startswith("torch") else "#1f77b4" for n in names]
+    first = args.micro_batches[0]
+    names = [n for n in rows if "skipped" not in rows[n]]
+    colours = ["#1f77b4" if n.startswith("mpizero") else "#d62728" for n in names]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.barh(names, [np.median(rows[n]["times"][2:]) * 1e3 for n in names], color=colours)
+    left.barh(names, [rows[n][first]["median_ms"] for n in names], color=colours)
     left.set_xlabel("median step time, ms (lower is better)")
-    right.barh(names, [rows[n]["rss"] / 1024 for n in names], color=colours)
+    right.barh(names, [rows[n][first]["rss"] / 1024 for n in names], color=colours)
     right.set_xlabel("peak RSS per rank, MiB (lower is better)")
     right.set_yticklabels([])
     for ax in (left, right):
         ax.invert_yaxis()
-    fig.suptitle(f"{args.layers}-layer {args.width}-wide MLP, Adam, batch {args.batch}, fp32, {args.ranks} ranks")
+    fig.suptitle(
+        f"{args.layers}-layer {args.width}-wide MLP, Adam, batch {args.batch} in {first} micro-batches per rank, "
+        f"fp32, {args.ranks} ranks"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

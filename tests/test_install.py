@@ -30,9 +30,17 @@ def resolved(extra: str) -> set[str]:
     return found
 
 
+def names(extra: str) -> set[str]:
+    """The distributions ``pip install -e .[extra]`` asks for, without versions or extras."""
+    return {r.split(">")[0].split("=")[0].split("[")[0] for r in resolved(extra)}
+
+
 def test_the_test_extra_brings_no_torch_but_the_docs_tools():
-    names = {r.split(">")[0].split("=")[0].split("[")[0] for r in resolved("test")}
-    assert "torch" not in names and {"mkdocs", "mkdocstrings", "pytest"} <= names, names
+    assert "torch" not in names("test") and {"mkdocs", "mkdocstrings", "pytest"} <= names("test"), names("test")
+
+
+def test_the_peers_extra_brings_torch_and_deepspeed():
+    assert {"torch", "deepspeed"} <= names("peers"), names("peers")
 
 
 HIDE_TORCH = "import sys; sys.modules['torch'] = None; import pytest; sys.exit(pytest.main(sys.argv[1:]))"
@@ -62,6 +70,7 @@ def test_ci_installs_cpu_torch_first_builds_the_docs_and_ends_with_the_readme_te
     lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
     torch, install = lines.index('pip install "torch==2.13.0"'), lines.index('pip install -e ".[mpich,test]"')
     assert torch < install < lines.index("mkdocs build --strict --quiet --site-dir .ci/site")
+    assert torch < lines.index('pip install -e ".[peers]"')  # DeepSpeed's torch requirement finds the CPU build
     assert lines[-1] == "python -m pytest"
 
 
