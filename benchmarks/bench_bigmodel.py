@@ -139,7 +139,7 @@ def predicted(spec, data, ranks: int) -> dict[str, int]:
     gradients, and the int64 grad-shard sums of the groups whose reduction is still open (``IN_FLIGHT`` + 1)."""
     units = spec.unit_runs(data)
     setup = dict(formula_setups(units, ranks, "fp32", "exact", "adamw", DEFAULT_BUCKET_ELEMS))[STAGE]
-    setup = dataclasses.replace(setup, shared_arena=True)
+    setup = dataclasses.replace(setup, shared_memory=True)
     held = formulas.engine_bytes(setup)
     states = sum(held[k] for k in ("params", "grads", "master", "optimizer"))
     largest = max(setup.partitions(), key=lambda p: p.padded_numel)

@@ -19,7 +19,7 @@ from mpizero.comm.collectives import Collectives
 from mpizero.comm.paths import ENV_VAR
 from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
 from mpizero.core.layout import FlatLayout
-from mpizero.core.reduction import REDUCTIONS
+from mpizero.core.reduce.reduction import REDUCTIONS
 from mpizero.progress import progress
 
 

@@ -26,11 +26,13 @@ import logging
 import os
 import resource
 import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
 
 import numpy as np
+import peers_gpt2
 from bench_bandwidth import bandwidth_line
 
 from mpizero.comm.launcher import python_under_mpiexec
@@ -53,8 +55,11 @@ CONFIGS = [
     "mpizero.torch-1",
     "mpizero.torch-2",
     "mpizero.torch-3",
+    "gpt2-ddp",
+    "gpt2-mpizero.torch-2",
+    "gpt2-mpizero.torch-3",
 ]
-NEEDS = {"torch": "torch", "deepspeed": "deepspeed", "mpizero.torch": "torch"}  # framework: the module it imports
+NEEDS = {"torch": "torch", "deepspeed": "deepspeed", "mpizero.torch": "torch", "gpt2": "transformers"}  # modules
 WARMUP = 2  # steps left out of the median
 RESULT = "bench_peers result: "  # how a worker's one line of result starts (the frameworks print on stdout too)
 
@@ -203,12 +208,19 @@ def mpizero_torch_worker(args, config: str) -> dict:
 
         zero.step(closure)
 
-    times = timed_steps(args, comm.Barrier, step_fn)
+    result = mpi_gathered(comm, timed_steps(args, comm.Barrier, step_fn), baseline)
+    return {**result, "redone": zero.engine.redone_steps}
+
+
+def mpi_gathered(comm, times: list[float], baseline: int) -> dict:
+    """The slowest rank's step times, the largest peak RSS and peak RSS above ``baseline`` (over ``comm``)."""
+    from mpi4py import MPI
+
     slowest = np.empty(len(times))
     comm.Allreduce(np.array(times), slowest, op=MPI.MAX)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     rss, above = (comm.allreduce(v, op=MPI.MAX) for v in (peak, peak - baseline))
-    return {"times": slowest.tolist(), "rss": rss, "above": above, "redone": zero.engine.redone_steps}
+    return {"times": slowest.tolist(), "rss": rss, "above": above}
 
 
 def gathered(times: list[float], baseline: int) -> dict:
@@ -307,6 +319,7 @@ WORKERS = {
     "deepspeed": deepspeed_worker,
     "mpizero.torch": mpizero_torch_worker,
     "mpizero": mpizero_worker,
+    "gpt2": lambda args, config: peers_gpt2.gpt2_worker(args, config, sys.modules[__name__]),
 }
 
 
@@ -359,7 +372,7 @@ def run_all(args) -> dict[str, dict]:
 def table(rows: dict[str, dict], args) -> list[str]:
     """The table's lines: per count the median step ms and x DDP, then the first count's RSS columns."""
     counts, first = args.micro_batches, args.micro_batches[0]
-    ddp = rows.get("torch-ddp", {})
+    baselines = {"torch": rows.get("torch-ddp", {}), "gpt2": rows.get("gpt2-ddp", {})}
     header = f"{'configuration':<18}"
     for count in counts:
         header += f" {f'{count} mb: ms':>11} {'x DDP':>6}"
@@ -368,7 +381,7 @@ def table(rows: dict[str, dict], args) -> list[str]:
         if "skipped" in runs:
             lines.append(f"{config:<18} skipped: {runs['skipped']}")
             continue
-        line = f"{config:<18}"
+        line, ddp = f"{config:<18}", baselines["gpt2" if framework(config) == "gpt2" else "torch"]
         for count in counts:
             ratio = runs[count]["median_ms"] / ddp[count]["median_ms"] if count in ddp else None
             line += f" {runs[count]['median_ms']:>11.1f} {f'{ratio:.2f}' if ratio else '-':>6}"
@@ -385,7 +398,7 @@ def main() -> None:
         result = WORKERS[framework(args.worker)](args, args.worker)
         if int(os.environ.get("PMI_RANK", "0")) == 0:
             print(RESULT + json.dumps(result), flush=True)
-        if framework(args.worker) in ("torch", "deepspeed"):
+        if framework(args.worker) in ("torch", "deepspeed", "gpt2"):
             os._exit(0)  # torch+gloo sometimes aborts in its exit-time destructors ("terminate called ...")
         return
     from threadpoolctl import threadpool_info

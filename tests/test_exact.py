@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpizero.core import exact
+from mpizero.core.reduce import exact, kernels
 
 float32s = st.floats(width=32, allow_nan=False, allow_infinity=False)
 special = st.sampled_from([0.0, -0.0, 1e-45, -1e-45, 1.1754942e-38, 3.4028235e38, -3.4028235e38, 1.0, -1.0])
@@ -27,6 +27,13 @@ def contributions():
     )
 
 
+def sum_into(total, sources, k: int) -> None:
+    """``sum(rint(x * 2**k))`` over ``sources`` into ``total``, through the host encode (every element in range)."""
+    total[...] = 0
+    for x in sources:
+        kernels.encode(total, x, k, 0, exact.INF_BITS, assign=False)
+
+
 def reduce_in_groups(arrays, groups):
     """Sum fixed-point contributions in the given grouping, then decode the mean."""
     largest = max(exact.max_abs(a) for a in arrays)
@@ -34,7 +41,7 @@ def reduce_in_groups(arrays, groups):
     partials = []
     for group in groups:
         total = np.empty(arrays[0].size, dtype=np.int64)
-        exact.sum_into(total, [arrays[i] for i in group], k)
+        sum_into(total, [arrays[i] for i in group], k)
         partials.append(total)
     out = np.empty(arrays[0].size, dtype=np.float32)
     exact.decode(sum(partials), k, len(arrays), out)
@@ -70,11 +77,16 @@ def test_chunked_sum_equals_one_pass(monkeypatch):
     arrays = [(rng.standard_normal(1000) * 10.0 ** rng.integers(-30, 30, 1000)).astype(np.float32) for _ in range(3)]
     k = exact.exponent_for(max(exact.max_abs(a) for a in arrays), 3)
     whole, chunked = np.empty(1000, np.int64), np.empty(1000, np.int64)
-    exact.sum_into(whole, arrays, k)
-    monkeypatch.setattr(exact, "CHUNK", 7)
-    exact.sum_into(chunked, arrays, k)
+    sum_into(whole, arrays, k)
+    monkeypatch.setattr(kernels, "CHUNK", 7)
+    monkeypatch.setenv(kernels.ENV_VAR, "numpy")
+    kernels._library.cache_clear()
+    sum_into(chunked, arrays, k)
+    kernels._library.cache_clear()
     assert whole.tolist() == chunked.tolist()
+    monkeypatch.undo()
     out_whole, out_chunked = np.empty(1000, np.float32), np.empty(1000, np.float32)
+    monkeypatch.setattr(exact, "CHUNK", 7)
     exact.decode(whole, k, 3, out_chunked)
     monkeypatch.undo()
     exact.decode(whole, k, 3, out_whole)
@@ -89,7 +101,7 @@ def test_int64_sum_never_overflows(arrays):
     exact_total = [sum(round(Fraction(float(a[j])) * Fraction(2) ** k) for a in arrays) for j in range(arrays[0].size)]
     assert all(abs(t) < 2**62 for t in exact_total)
     total = np.empty(arrays[0].size, dtype=np.int64)
-    exact.sum_into(total, arrays, k)
+    sum_into(total, arrays, k)
     assert total.tolist() == exact_total
 
 
@@ -97,7 +109,7 @@ def test_values_near_the_largest_are_converted_exactly():
     x = np.array([3.0, 1.0 + 2.0**-23, 2.0**-20], dtype=np.float32)
     k = exact.exponent_for(3.0, 2)
     total = np.empty(3, dtype=np.int64)
-    exact.sum_into(total, [x], k)
+    sum_into(total, [x], k)
     assert [Fraction(int(t)) / 2**k for t in total] == [Fraction(float(v)) for v in x]
 
 
@@ -123,3 +135,25 @@ def test_rank_order_float_sum_is_not_associative_but_exact_is():
     a, _ = reduce_in_groups(arrays, [[0, 1, 2, 3]])
     b, _ = reduce_in_groups(arrays, [[0, 1], [2, 3]])
     assert a.tobytes() == b.tobytes()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-(2**62), 2**62), min_size=1, max_size=8), st.integers(0, 70))
+def test_rescale_rounds_half_to_even(values, shift):
+    total = np.array(values, dtype=np.int64)
+    exact.rescale(total, shift)
+    expected = [round(Fraction(v, 2**shift)) for v in values]  # Python's round: half to even
+    assert total.tolist() == expected
+
+
+@pytest.mark.parametrize("exponent", [-160, -149, -140, -126, -1, 0, 1, 23, 127, 128, 300])
+def test_the_cap_bits_order_magnitudes_as_floats(exponent):
+    cap = exact.float32_bits_of_power(exponent)
+    below = np.array([math.ldexp(1.0, exponent - 1), math.ldexp(0.75, exponent)], dtype=np.float32)
+    at = np.array([math.ldexp(1.0, exponent)], dtype=np.float32)
+    bits = lambda a: (a.view(np.uint32) & 0x7FFFFFFF).astype(np.int64)  # noqa: E731
+    if -126 <= exponent <= 127:
+        assert (bits(below) < cap).all() and (bits(at) >= cap).all()
+    expected = {-160: 0, -149: 1, 128: exact.INF_BITS, 300: exact.INF_BITS}  # nothing, the least subnormal, inf
+    assert cap == expected.get(exponent, cap)
+    assert exact.magnitude_of_bits(exact.INF_BITS + 5) == math.inf

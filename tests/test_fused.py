@@ -1,7 +1,7 @@
-"""The GPU's one-pass exact encode and decode (core/fused.py), checked on the CPU through their one formula.
+"""The one-pass exact encode and decode (core/reduce/fused.py), checked on the CPU through their one formula.
 
-The kernels cannot compile here; what they compute is ``fused.encode``/``fused.decode`` spelled in C, so
-the NumPy evaluation of the same functions must give the host path's bytes, and the C spelling is pinned.
+The CUDA kernels cannot compile here; what they compute is ``fused.encode``/``fused.decode`` spelled in C,
+so the NumPy evaluation of the same functions must give the host kernel's bytes, and the C spelling is pinned.
 """
 
 import numpy as np
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpizero.core import exact, fused
+from mpizero.core.reduce import exact, fused, kernels
 
 
 def gradients(seed: int, n: int = 1000) -> np.ndarray:
@@ -26,7 +26,7 @@ def test_the_encode_formula_gives_the_host_paths_bytes(seed, k, assign):
     total = np.random.default_rng(seed).integers(-(2**40), 2**40, x.size)
     host = total.copy()
     with np.errstate(over="ignore", invalid="ignore"):
-        exact.add_into(host, x, k, assign=assign)
+        kernels.encode(host, x, k, 0, exact.INF_BITS + 1, assign=assign)
         formula = fused.encode(fused.NUMPY_OPS, 0 if assign else total, x, k)
         finite = np.isfinite(np.ldexp(x, k)) & (np.abs(np.ldexp(x.astype(np.float64), k)) < 2.0**62)
     assert formula[finite].tobytes() == host[finite].tobytes()  # beyond the scale's range: never decoded
@@ -45,8 +45,12 @@ def test_the_decode_formula_gives_the_host_paths_bytes(seed, k, count):
 def test_the_kernels_c_expressions():
     assert fused.encode(fused.C_OPS, "total", "x", "k") == "total + (long long)rintf(ldexpf(x, k))"
     assert fused.decode(fused.C_OPS, "total", "divisor") == "(float)((double)total / divisor)"
+    assert fused.masked("total", fused.C_OPS, True) == "total = 0 + (long long)rintf(ldexpf(inside ? x : 0.0f, k))"
+    host = fused.encode(fused.HOST_C_OPS, "total[i]", "v", "f")
+    assert host == "total[i] + (int64_t)(inside ? nearbyintf(v * f) : 0.0f)" and host in kernels.SOURCE
 
 
 @pytest.mark.parametrize("arrays", [[], [np.zeros(0, np.float32)], [np.array([1.0, -3.0, np.nan], np.float32)]])
-def test_max_abs_each_is_max_abs_of_each(arrays):
-    assert exact.max_abs_each(arrays).tolist() == [exact.max_abs(a) for a in arrays]
+def test_top_bits_is_the_largest_magnitude(arrays):
+    for a in arrays:
+        assert exact.magnitude_of_bits(kernels.top_bits(a)) == exact.max_abs(a)

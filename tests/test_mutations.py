@@ -77,12 +77,12 @@ def test_wire_padding_is_never_read(tmp_path):
     """Stale data in the padding of the local grads buffer cannot leak: only tensor segments are decoded.
 
     So not zeroing it is an equivalent mutant, not a bug verify could see; if this fails, padding became
-    part of a result and the zeroing in ``ExactReduction.add`` is load-bearing.
+    part of a result and the zeroing in ``reduction._spans`` is load-bearing.
     """
     mutation = (
-        "core/reduction.py",
-        "local[specs[-1].stop :] = 0\n        for spec, k in zip",
-        "local[specs[-1].stop :] = 12345\n        for spec, k in zip",
+        "core/reduce/reduction.py",
+        "total[max(layout.numel, start) - start :] = 0  # the padding",
+        "total[max(layout.numel, start) - start :] = 12345  # stale data in the padding",
     )
     done = verify_copy(tmp_path, 3, ["--stage", "all"], mutation)
     assert done.returncode == 0 and done.stdout.count(": bitwise; optimizer semantics within") == 4, done.stdout

@@ -137,17 +137,24 @@ def test_streamed_gradients_hold_the_same_bytes_at_8_micro_batches_as_at_1(stage
     torch.set_num_threads(1)
     one, _ = streamed_memory(1, stage)
     eight, result = streamed_memory(8, stage)
-    assert one == eight and one["kept_grads"] == 0
+    assert one == eight
     assert not result.redo and result.step == 2
 
 
-def test_kept_gradients_grow_with_micro_batches_as_stated():
+def test_only_the_first_step_holds_each_backwards_gradients():
     torch.set_num_threads(1)
     model, _ = users.make("tied")
     zero = shard(model, mpizero.AdamW(lr=1e-2), stage=3)
-    for m in range(3):
-        users.loss("tied", model(users.batch("tied", 0, m)[0]), users.batch("tied", 0, m)[1]).backward()
-    assert zero.memory()["kept_grads"] == 3 * 4 * zero.engine.numel
+    shards = sum(g.grad_shard.nbytes for g in zero.engine.groups)
+
+    def three_backward_passes(step):
+        for m in range(3):
+            users.loss("tied", model(users.batch("tied", step, m)[0]), users.batch("tied", step, m)[1]).backward()
+        return zero.memory()["grads"]
+
+    assert three_backward_passes(0) == shards + 3 * 4 * zero.engine.numel  # no scales yet: each backward is held
+    zero.step()
+    assert three_backward_passes(1) == shards  # predicted scales: each backward streams into the sum
 
 
 def test_step_closure_returns_its_loss_and_refuses_earlier_backward_passes():
@@ -198,16 +205,19 @@ def test_stage_3_refills_full_params_still_held_instead_of_allocating_more():
 
 
 @pytest.mark.parametrize("trim_heap", [True, False])
-def test_the_heap_is_trimmed_after_each_backward_and_step_unless_turned_off(monkeypatch, trim_heap):
-    calls = []
-    monkeypatch.setattr(heap, "release_free_pages", lambda: calls.append(1))
+def test_the_heap_is_trimmed_after_a_backward_or_step_only_when_it_grew(monkeypatch, trim_heap):
+    calls, size = [], [0]
+    monkeypatch.setattr(heap, "release_free_pages", lambda: calls.append(size[0]) or True)
+    monkeypatch.setattr(heap, "heap_bytes", lambda: size[0])
+    monkeypatch.setattr(heap, "_last_size", [0])
     model, _ = users.make("mlp")
     zero = shard(model, mpizero.SGD(lr=0.1), stage=3, trim_heap=trim_heap)
-    for m in range(2):
+    for m, grown in enumerate([0, heap.GROWTH, heap.GROWTH + 1]):
+        size[0] = grown
         x, y = users.batch("mlp", 0, m)
         users.loss("mlp", model(x), y).backward()
     zero.step()
-    assert len(calls) == (3 if trim_heap else 0)
+    assert calls == ([heap.GROWTH] if trim_heap else [])  # trimmed once, when it had grown by GROWTH
 
 
 def test_releasing_free_pages_shrinks_a_fragmented_heap():

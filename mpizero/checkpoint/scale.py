@@ -42,7 +42,8 @@ def one_save(
         "block_bytes": block_bytes,
         "files": ["0" * 64] * ranks,
         "training": {},
-        "scales": dict.fromkeys(shapes, -20),
+        "scales": dict.fromkeys(shapes, [0.001953125, 8]),
+        "replicated": [],
         "checksum": "0" * 64,
     }
     owned = [(name, run.start, run.stop) for name, run in target.pieces(0)]

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpizero.checkpoint import compat, manifest, structure
+from mpizero.checkpoint import compat, manifest, replicated, structure
 from mpizero.checkpoint.layout import SavedLayout
 from mpizero.checkpoint.manifest import MANIFEST, CheckpointError
 from mpizero.checkpoint.shards import BLOCK_BYTES, CheckpointReader, file_name, write_rank_file
@@ -53,12 +53,15 @@ PARTIAL = ".partial-"
 ASIDE = ".replaced-"  # an older copy of the same step, moved aside while the new one is renamed into place
 
 
-def save(engine, directory: str, training_state: dict, keep: int | None = None, block_bytes: int = BLOCK_BYTES) -> str:
+def save(
+    engine, directory: str, training_state: dict, keep: int | None = None, block_bytes: int = BLOCK_BYTES, arrays=None
+) -> str:
     """Write a checkpoint of ``engine`` into ``directory`` (collective); return its path.
 
     ``keep``: how many complete checkpoints to keep (>= 1; None keeps all). ``block_bytes``: the rank files'
-    digest block (a power of two, 512 bytes to 1 GiB). A failed save raises the same CheckpointError on
-    every rank and leaves nothing behind.
+    digest block (a power of two, 512 bytes to 1 GiB). ``arrays``: host arrays every rank holds the same,
+    by name (a torch model's buffers and frozen parameters), written once (``replicated``). A failed save
+    raises the same CheckpointError on every rank and leaves nothing behind.
     """
     if keep is not None and keep < 1:
         raise ValueError(f"keep must be >= 1 (or None to keep every checkpoint), got {keep}")
@@ -90,7 +93,9 @@ def save(engine, directory: str, training_state: dict, keep: int | None = None, 
             "training": training_state,
             "scales": engine.scale_state(),
         }
-        problem = _attempt(lambda: _publish(record, partial, final, keep))
+        problem = _attempt(
+            lambda: _publish({**record, "replicated": replicated.write(partial, arrays or {})}, partial, final, keep)
+        )
     _agree(collectives, problem, partial)
     return final
 
@@ -284,25 +289,42 @@ def resolve(path: str) -> tuple[str, list[str]]:
     return latest, skipped
 
 
+def resolve_agreed(collectives, path: str) -> tuple[str, list[str]]:
+    """``resolve`` on rank 0, its answer on every rank (or the same CheckpointError on every rank)."""
+    found = None
+    if collectives.comm.Get_rank() == 0:
+        try:
+            found = resolve(path)
+        except CheckpointError as error:
+            found = str(error)
+    found = collectives.bcast_object(found, "the checkpoint to load")
+    if isinstance(found, str):
+        raise CheckpointError(found)
+    return found
+
+
 @dataclass(frozen=True)
 class Loaded:
-    """What ``load`` restored: the saved training state, and the bytes this rank read from rank files."""
+    """What ``load`` restored: the saved training state, the bytes this rank read from rank files, and the arrays
+    saved once for every rank (``save(arrays=)``), checked."""
 
     training: dict
     bytes_read: int
+    arrays: dict
 
 
-def load(engine, path: str, overrides: Collection[str] = ()) -> Loaded:
+def load(engine, path: str, overrides: Collection[str] = (), how=compat.CLI_OVERRIDE) -> Loaded:
     """Fill ``engine``'s master and optimizer state from a checkpoint at any world size and stage (collective).
 
     Rank 0 reads the manifest and checks its checksum and structure once (one digest per rank); every
     rank gets it, checks it (``compat.check`` with ``overrides``) before it reads a value, then reads,
     state by state, only the blocks holding the elements it owns, each checked against its digest.
-    Any problem raises the same error on every rank.
+    Any problem raises the same error on every rank; ``how(name)`` tells the user how to let a recorded
+    hyper-parameter differ (``--resume-override`` by default).
     """
-    saved, problem, bytes_read = _manifest_from_rank_0(engine.collectives, path), None, 0
+    saved, problem, bytes_read, arrays = _manifest_from_rank_0(engine.collectives, path), None, 0, {}
     try:
-        compat.check(engine, saved, os.path.join(path, MANIFEST), overrides)
+        compat.check(engine, saved, os.path.join(path, MANIFEST), overrides, how)
         with CheckpointReader(path, saved) as reader:
             reader.verify(reader.empty_files() if engine.comm.Get_rank() == 0 else ())
             pieces = engine.owned_pieces()
@@ -313,6 +335,7 @@ def load(engine, path: str, overrides: Collection[str] = ()) -> Loaded:
                     if host is not piece.arrays[state]:
                         piece.arrays[state][...] = host
             bytes_read = reader.bytes_read
+        arrays = replicated.read(path, saved["replicated"])
     except CheckpointError as error:
         problem = str(error)
     except OSError as error:
@@ -320,7 +343,7 @@ def load(engine, path: str, overrides: Collection[str] = ()) -> Loaded:
     _agreed(engine.collectives, problem, "cannot load checkpoint")
     engine.publish()
     engine.restore_scale_state(saved["scales"])
-    return Loaded(saved["training"], bytes_read)
+    return Loaded(saved["training"], bytes_read, arrays)
 
 
 def _host_buffer(array):

@@ -12,6 +12,9 @@ from __future__ import annotations
 import math
 import re
 
+import ml_dtypes
+import numpy as np
+
 TOP_LEVEL = (
     "format",
     "checksum",
@@ -25,11 +28,17 @@ TOP_LEVEL = (
     "files",
     "training",
     "scales",
+    "replicated",
 )
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 RUN = re.compile(r"^[0-9a-f]{16}$")
 MAX_ALIGN = 1 << 30
 BLOCK_BYTES_RANGE = (1 << 9, 1 << 30)
+DTYPES = {  # what ``replicated`` arrays may hold (little-endian)
+    name: np.dtype(name)
+    for name in ("bool", "int8", "uint8", "int16", "int32", "int64", "float16", "float32", "float64")
+} | {"bfloat16": np.dtype(ml_dtypes.bfloat16)}
+REPLICATED_KEYS = ("name", "dtype", "shape", "offset", "sha256")
 
 
 class Invalid(Exception):
@@ -65,6 +74,7 @@ def check(manifest: dict) -> None:
             raise Invalid(f"files[{rank}]", f"must be 64 lowercase hex digits, got {digest!r:.80}")
     _training(manifest["training"])
     _scales(manifest["scales"], numels)
+    _replicated(manifest["replicated"])
 
 
 def _partition(partition, numels: dict[str, int]) -> None:
@@ -88,12 +98,18 @@ def _partition(partition, numels: dict[str, int]) -> None:
 
 
 def _scales(scales, numels: dict[str, int]) -> None:
-    """Each tensor's last true scale exponent (an integer, or null before any non-zero gradient)."""
+    """Each tensor's history: the last step's agreed maximum and count (``[float, int]``), or null before any
+    non-zero gradient."""
     if sorted(_dict(scales, "scales")) != sorted(numels):
         raise Invalid("scales", f"must name every tensor once, got {sorted(scales)[:3]}...")
-    for name, k in scales.items():
-        if k is not None:
-            _int(k, f"scales[{name!r}]", low=-(2**16), high=2**16)
+    for name, history in scales.items():
+        if history is None:
+            continue
+        where = f"scales[{name!r}]"
+        largest, _ = _list(history, where, 2)
+        if not (isinstance(largest, float) and math.isfinite(largest) and largest > 0):
+            raise Invalid(where, f"the maximum must be a positive finite number, got {largest!r}")
+        _int(history[1], f"{where}[1]", low=1, high=2**40)
 
 
 def _tensors(tensors) -> dict[str, int]:
@@ -165,3 +181,38 @@ def _names(items, field: str, name_of, suffix: str) -> list[str]:
     if len(set(names)) != len(names):
         raise Invalid(field, f"names must be unique, got {names}")
     return names
+
+
+def replicated_nbytes(entry: dict) -> int:
+    return math.prod(entry["shape"]) * DTYPES[entry["dtype"]].itemsize
+
+
+def replicated_end(entries: list[dict]) -> int:
+    """The size of ``replicated.bin``: its entries tile it."""
+    return entries[-1]["offset"] + replicated_nbytes(entries[-1]) if entries else 0
+
+
+def _replicated(entries) -> None:
+    """Arrays saved once (``replicated``): known dtypes and shapes, unique names, tiling the file in order."""
+    offset, names = 0, set()
+    for k, entry in enumerate(_list(entries, "replicated")):
+        field = f"replicated[{k}]"
+        _keys(entry, field, REPLICATED_KEYS)
+        _str(entry["name"], f"{field}.name")
+        shape = _list(entry["shape"], f"{field}.shape")
+        if len(shape) > 15:
+            raise Invalid(f"{field}.shape", f"must have at most 15 sizes, got {len(shape)}")
+        for n, size in enumerate(shape):
+            _int(size, f"{field}.shape[{n}]", high=2**40)
+        if entry["dtype"] not in DTYPES:
+            raise Invalid(f"{field}.dtype", f"must be one of {sorted(DTYPES)}, got {entry['dtype']!r:.40}")
+        if entry["offset"] != offset:
+            raise Invalid(
+                f"{field}.offset", f"must be {offset} (the arrays tile the file in order), got {entry['offset']!r:.40}"
+            )
+        if entry["name"] in names:
+            raise Invalid(f"{field}.name", f"{entry['name']!r:.80} is listed twice")
+        if not isinstance(entry["sha256"], str) or not SHA256.match(entry["sha256"]):
+            raise Invalid(f"{field}.sha256", f"must be 64 lowercase hex digits, got {entry['sha256']!r:.80}")
+        names.add(entry["name"])
+        offset += replicated_nbytes(entry)

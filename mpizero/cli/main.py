@@ -1,4 +1,4 @@
-"""Command line: mpiexec -n N python -m mpizero {example,verify,train,estimate,plot,consolidate} [options].
+"""Command line: mpiexec -n N python -m mpizero {example,verify,check,train,estimate,plot,consolidate} [options].
 
 One rank works too: ``python -m mpizero verify``. Bad input (a flag out of
 range, flags that contradict each other, an output file that cannot be
@@ -18,7 +18,7 @@ import traceback
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
-from mpizero.cli import consolidate, estimate, example, options, plot, train, verify
+from mpizero.cli import check, consolidate, estimate, example, options, plot, train, verify
 from mpizero.comm import launch
 from mpizero.comm.collectives import Collectives
 from mpizero.core import files
@@ -32,6 +32,7 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 COMMANDS = {
     "example": example,
     "verify": verify,
+    "check": check,
     "train": train,
     "estimate": estimate,
     "plot": plot,

@@ -16,8 +16,8 @@ from mpizero.core.config import MAX_HEADROOM
 from mpizero.core.errors import ZeroError
 from mpizero.core.optim import OPTIMIZERS
 from mpizero.core.precision import PRECISIONS
-from mpizero.core.reduction import REDUCTIONS
-from mpizero.core.scales import HEADROOM
+from mpizero.core.reduce.reduction import REDUCTIONS
+from mpizero.core.reduce.scales import HEADROOM
 from mpizero.core.stages import STAGES
 from mpizero.training.registry import MODELS, Size, entry, formula_setups
 from mpizero.training.trainer import DEFAULT_BUCKET_ELEMS

@@ -149,9 +149,9 @@ def measured_bytes(args, stage: int) -> dict:
 
 
 def predicted_bytes(setup: formulas.Setup) -> dict:
-    """Bytes per rank by kind as ``estimate`` predicts them, plus the shared arena ranks on one host add."""
+    """Bytes per rank by kind as ``estimate`` predicts them, plus the shared accumulators ranks on one host add."""
     held = formulas.engine_bytes(setup)
-    arena = formulas.engine_bytes(dataclasses.replace(setup, shared_arena=True))["comm"] - held["comm"]
+    arena = formulas.engine_bytes(dataclasses.replace(setup, shared_memory=True))["comm"] - held["comm"]
     return {**{kind: held[kind] for kind in KINDS}, "arena": arena}
 
 

@@ -208,7 +208,9 @@ def run(args, comm) -> int:
     master, problem = engine.master_params(), None
     if rank0:
         print_accounting(engine, -(-args.micro_batches // comm.Get_size()), trainer.reduce_each_round)
-        print(f"redone (scale prediction missed): {engine.redone_steps} of {args.steps - first_step + 1} steps")
+        steps = args.steps - first_step + 1
+        print(f"redone (scale prediction missed): {engine.redone_steps} of {steps} steps")
+        print(f"gradients kept beyond the predicted range: {engine.scales.kept_steps} of {steps} steps")
         print(task.evaluate(model, data, master))
         memory = {**engine.memory_report(), "rss_baseline": rss_baseline, "rss_steps": rss_steps}
         problem = write_outputs(args, model, master, memory)
@@ -267,16 +269,7 @@ def resume(args, engine, trainer, settings: dict) -> tuple[int, str]:
     (``--resume-override NAME`` lets NAME differ), and ``--steps`` must go past its step.
     """
     comm = engine.comm
-    found = None
-    if comm.Get_rank() == 0:
-        try:
-            found = checkpoint.resolve(args.resume)
-        except checkpoint.CheckpointError as error:
-            found = str(error)
-    found = engine.collectives.bcast_object(found, "the checkpoint to resume")
-    if isinstance(found, str):
-        raise checkpoint.CheckpointError(found)
-    path, torn = found
+    path, torn = checkpoint.resolve_agreed(engine.collectives, args.resume)
     if comm.Get_rank() == 0:
         for message in torn:
             print(message, flush=True)

@@ -153,7 +153,8 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool, CommPaths]:
         semantics.note(step, semantics_difference(engine, documented.params))
     head = (
         f"stage {stage}  ranks {size}  steps {args.steps}  model {args.model}  optimizer {args.optimizer}  "
-        f"{args.precision}  reduction {args.reduction}  {accounting(engine)}  redone {engine.redone_steps}:"
+        f"{args.precision}  reduction {args.reduction}  {accounting(engine)}  redone {engine.redone_steps}  "
+        f"kept {engine.scales.kept_steps}:"
     )
     reference_line, reference_ok = reference_verdict(engine, worst, first_mismatch)
     semantics_line, semantics_ok = semantics.verdict(engine.collectives, documented.name)

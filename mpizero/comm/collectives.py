@@ -31,7 +31,7 @@ from mpizero.comm import agree, cuda_aware, paths
 from mpizero.comm.hierarchical import TwoLevel
 from mpizero.comm.pending import Pending
 from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
-from mpizero.comm.shared import SHM_DIR, SharedArena, shm_has_room
+from mpizero.comm.shared import SHM_DIR, OwnerSums, SharedArena, shm_has_room
 from mpizero.comm.transport import STAGING_ENV_VAR, Transport, requested_staging
 from mpizero.comm.watchdog import Watchdog
 from mpizero.core.arrays import array_module
@@ -102,6 +102,7 @@ class Collectives:
         with self.watchdog.waiting("set-up: splitting ranks by node"):
             self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.arenas: dict = {}  # key -> SharedArena; "bucket" is the one stages 2-3 share
+        self.sums: dict = {}  # key -> OwnerSums: a group's round-by-round sum, on one host
         self.paths = self._settle_paths(on_device)
         self.transport = Transport(self.paths.device, comm.Get_rank(), comm.Get_size(), self.traffic)
         self.levels = TwoLevel(comm, self.node, self.watchdog) if self.paths.two_level else None
@@ -150,10 +151,31 @@ class Collectives:
             )
         return False
 
+    def owner_sums(self, key, numel: int, dtype):
+        """The node-shared accumulators ``key`` (``OwnerSums``, ``numel`` elements per rank), made at first use
+        (collective then), or None unless every rank shares this host's memory."""
+        if not self.shared or self.paths.two_level or self.node.Get_size() != self.comm.Get_size():
+            return None
+        if key not in self.sums and not self._room_for(numel * np.dtype(dtype).itemsize):
+            return None
+        if key not in self.sums:
+            with self.watchdog.waiting("set-up of owner sums"):
+                self.sums[key] = OwnerSums(self.node, self.watchdog, numel, dtype)
+        return self.sums[key]
+
+    def push_reduce(self, sums, add_block, full_bytes: int) -> None:
+        """Sum one round into every rank's accumulator (``OwnerSums.push``), counted as a reduce-scatter of a
+        buffer of ``full_bytes``."""
+        self.traffic.record("reduce_scatter", full_bytes, self.comm.Get_size(), self.paths.nodes)
+        with self.traffic.timed("reduce_scatter"):
+            sums.push(add_block)
+
     @property
-    def bucket_bytes(self) -> int:
-        """Bytes of the arena stages 2-3 share (0 if none)."""
-        return self.arenas["bucket"].nbytes if "bucket" in self.arenas else 0
+    def held_bytes(self) -> int:
+        """Bytes this rank's shared memory holds between calls: the arena stages 2-3 share (0 if none), and its
+        accumulator of each group's owner sums."""
+        bucket = self.arenas["bucket"].nbytes if "bucket" in self.arenas else 0
+        return bucket + sum(sums.own.nbytes for sums in self.sums.values())
 
     def agree(self, local: np.ndarray) -> np.ndarray:
         """Reduce a small float64 vector of per-rank facts: entry 0 summed (a count), the rest maxed (flags, maxima).
@@ -218,15 +240,7 @@ class Collectives:
         return self._run("reduce_scatter", send.nbytes, lambda s, r: call(s, r, op=MPI.SUM), send, recv, blocking)
 
     def reduce_scatter_add(self, send, total) -> None:
-        """Add this rank's block of the sum of ``send`` over ranks into ``total`` (blocking; a ``reduce_scatter``).
-
-        Out of the shared arena the sum goes straight into ``total``; other paths receive a temporary block first.
-        """
-        arena = self._arena_of(send)
-        if arena is not None and not self.paths.two_level and not self.transport.local:
-            adding = functools.partial(arena.reduce_scatter, add=True)
-            self._run("reduce_scatter", send.nbytes, adding, send, total, True)
-            return
+        """Add this rank's block of the sum of ``send`` over ranks into ``total`` (blocking; a ``reduce_scatter``)."""
         block = array_module(total).empty_like(total)
         self.reduce_scatter(send, block)
         total += block
@@ -241,7 +255,11 @@ class Collectives:
         return lambda send, recv: self.levels.reduce_scatter(arena, send, recv)
 
     def allreduce(self, send, recv, blocking: bool = True) -> Pending:
-        """Sum ``send`` over ranks into ``recv`` on every rank."""
+        """Sum ``send`` over ranks into ``recv`` on every rank; a ``send`` from ``shared_buffer`` is summed
+        straight from shared memory (blocking), each rank adding every segment."""
+        arena = self._arena_of(send)
+        if arena is not None and not self.paths.two_level:
+            return self._run("allreduce", send.nbytes, arena.allreduce, send, recv, True)
         call = self.comm.Allreduce if blocking else self.comm.Iallreduce
         return self._run("allreduce", send.nbytes, lambda s, r: call(s, r, op=MPI.SUM), send, recv, blocking)
 

@@ -12,6 +12,13 @@ Stages 2 and 3 share one arena, grown (collectively) to the largest bucket:
 the one bucket-sized gradient buffer they keep, like DeepSpeed's. Stage 1
 gives each group an arena of its own: its full local gradient buffer, kept
 between steps as that stage keeps it.
+
+``OwnerSums`` sums rounds without an arena: each rank's accumulator (its block
+of the sum) lies in a node-shared window, and each rank adds its contribution's
+block for rank j straight into rank j's accumulator, one owner after another
+with a barrier between, so no two ranks ever write one accumulator at once. A
+round then costs each element one read of the contribution and one read and
+write of the sum, where the arena costs a write, a read and an add besides.
 """
 
 from __future__ import annotations
@@ -70,13 +77,15 @@ class SharedArena:
         self.window.Lock_all(MPI.MODE_NOCHECK)
         self.nbytes = nbytes
 
-    def reduce_scatter(self, local: np.ndarray, recv: np.ndarray, add: bool = False) -> None:
-        """Sum every rank's ``local`` (obtained from ``buffer``) and keep this rank's block in ``recv``.
-
-        ``add``: add the block to what ``recv`` holds instead (no temporary block).
-        """
+    def reduce_scatter(self, local: np.ndarray, recv: np.ndarray) -> None:
+        """Sum every rank's ``local`` (obtained from ``buffer``) and keep this rank's block in ``recv``."""
         with self.reading(local) as views:
-            sum_block(views, self.comm.Get_rank() * recv.size, recv, add)
+            sum_block(views, self.comm.Get_rank() * recv.size, recv)
+
+    def allreduce(self, local: np.ndarray, recv: np.ndarray) -> None:
+        """Sum every rank's ``local`` (obtained from ``buffer``), all of it, into ``recv`` on every rank."""
+        with self.reading(local) as views:
+            sum_block(views, 0, recv)
 
     @contextmanager
     def reading(self, local: np.ndarray) -> Iterator[list[np.ndarray]]:
@@ -109,15 +118,53 @@ class SharedArena:
             self.window, self.segments, self.nbytes = None, [], 0
 
 
-def sum_block(views: list[np.ndarray], start: int, out: np.ndarray, add: bool = False) -> None:
-    """Set ``out`` to the in-order sum of ``view[start : start + len(out)]`` over ``views``, chunk by chunk;
-    with ``add``, add that sum (in the same order) to ``out``."""
+class OwnerSums:
+    """Every node rank's accumulator of ``numel`` elements of ``dtype``, in one node-shared window."""
+
+    def __init__(self, node: MPI.Comm, watchdog, numel: int, dtype) -> None:
+        self.node, self.watchdog = node, watchdog
+        dtype = np.dtype(dtype)
+        with self.watchdog.waiting("shared-memory window allocation (owner sums)"):
+            self.window = MPI.Win.Allocate_shared(numel * dtype.itemsize, dtype.itemsize, comm=node)
+        self.views = [
+            np.frombuffer(self.window.Shared_query(r)[0], dtype=np.uint8)[: numel * dtype.itemsize].view(dtype)
+            for r in range(node.Get_size())
+        ]
+        self.window.Lock_all(MPI.MODE_NOCHECK)
+        self.own = self.views[node.Get_rank()]
+        self.own[...] = 0
+        atexit.register(self._free_at_clean_exit)
+
+    def push(self, add_block) -> None:
+        """Call ``add_block(owner, accumulator)`` for every node rank, this rank's own first, then the next ones
+        in turn; between two owners every rank waits for every other (collective)."""
+        rank, size = self.node.Get_rank(), self.node.Get_size()
+        for step in range(size):
+            owner = (rank + step) % size
+            add_block(owner, self.views[owner])
+            self.window.Sync()
+            with self.watchdog.waiting(f"owner-sum round (adding into rank {owner}'s accumulator)"):
+                self.node.Barrier()
+            self.window.Sync()
+
+    def _free_at_clean_exit(self) -> None:
+        """Free the window before MPI_Finalize, as ``SharedArena`` does (not after an uncaught exception)."""
+        if (
+            getattr(sys, "last_value", None) is None
+            and getattr(sys, "last_exc", None) is None
+            and self.window is not None
+        ):
+            self.window.Unlock_all()
+            with self.watchdog.waiting("shared-memory window free (owner sums)"):
+                self.window.Free()
+            self.window = None
+
+
+def sum_block(views: list[np.ndarray], start: int, out: np.ndarray) -> None:
+    """Set ``out`` to the in-order sum of ``view[start : start + len(out)]`` over ``views``, chunk by chunk."""
     for lo in range(0, out.size, CHUNK):
         hi = min(lo + CHUNK, out.size)
         chunk = out[lo:hi]
-        if add:
-            chunk += views[0][start + lo : start + hi]
-        else:
-            chunk[...] = views[0][start + lo : start + hi]
+        chunk[...] = views[0][start + lo : start + hi]
         for source in views[1:]:
             chunk += source[start + lo : start + hi]

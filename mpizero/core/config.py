@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpizero.core.precision import PRECISIONS
-from mpizero.core.reduction import REDUCTIONS
-from mpizero.core.scales import HEADROOM
+from mpizero.core.reduce.reduction import REDUCTIONS
+from mpizero.core.reduce.scales import HEADROOM
 from mpizero.core.stages import STAGES
 
 NONFINITE_POLICIES = ("raise", "skip")

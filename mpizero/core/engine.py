@@ -20,19 +20,21 @@ from mpi4py import MPI
 
 from mpizero.comm import agree, launch
 from mpizero.comm.collectives import Collectives
-from mpizero.core import norm, scales, setup
+from mpizero.core import setup
 from mpizero.core.arrays import array_module
 from mpizero.core.config import ZeroConfig
+from mpizero.core.gradients import Keep
 from mpizero.core.group import FlatGroup, ParamState, StatePiece
 from mpizero.core.init import ShardedInit, from_arrays
 from mpizero.core.memory import KINDS, MemoryLog, peak_rss_bytes
 from mpizero.core.optim import BoundOptimizer
 from mpizero.core.optim import groups as optim_groups
-from mpizero.core.reduction import REDUCTIONS
+from mpizero.core.reduce import norm, scales
+from mpizero.core.reduce.reduction import REDUCTIONS
+from mpizero.core.reduce.tally import FIXED_FIELDS, GroupTally
 from mpizero.core.signature import params_problem, setup_signature
 from mpizero.core.stages import GradientCollective
 from mpizero.core.step import StepOrderError, StepState, StepTracker
-from mpizero.core.tally import GroupTally
 
 IN_FLIGHT = 2  # gradient collectives left running at once; older ones are finished to free their buffers
 
@@ -98,7 +100,7 @@ class ZeroEngine:
             setup.agree_held_params(self.groups, self.collectives)
         self.initial_digest = self.master_digest()
         for group in self.groups:
-            group.keep_local_grads(self.collectives, self.reduction)
+            group.gradients.keep_local_grads(self.collectives, self.reduction)
         self._tracker = StepTracker(len(self.groups))
         tensors = [[s.name for s in g.layout.specs] for g in self.groups]
         self.scales = scales.StepScales(tensors, self.reduction, self.config.scale_headroom)
@@ -153,11 +155,10 @@ class ZeroEngine:
         ``contributions``: this rank's local gradients, a dict by parameter name
         (or a list of such dicts, possibly empty), float32, shaped like the
         parameters, besides any handed in with ``accumulate``. The update uses the
-        mean over every contribution of every rank. Gradients given here are
-        encoded once every rank agreed on the step's scales, and such a step is
-        redone here if needed. After ``accumulate`` (encoded at predicted scales,
-        see ``scales``) the step may say ``redo``: then hand all of its gradients
-        in again, those accumulated and those given here.
+        mean over every contribution of every rank. Gradients given here are held
+        until the step ends, and a step that must be redone (``scales``) is redone
+        here. After ``accumulate`` the step may say ``redo``: then hand all of its
+        gradients in again, those accumulated and those given here.
         """
         listed = [contributions] if isinstance(contributions, Mapping) else contributions
         accumulated = self._tracker.state is not StepState.IDLE  # handed in before this call: only the caller has them
@@ -173,26 +174,47 @@ class ZeroEngine:
             if not result.redo or listed is None or accumulated:
                 return result
 
-    def accumulate(self, grads: Mapping, groups: Sequence[int] | None = None) -> None:
+    def accumulate(
+        self, grads: Mapping, groups: Sequence[int] | None = None, keep: str = "copy", can_redo: bool = False
+    ) -> None:
         """Fold one contribution (this rank's gradients of one micro-batch) into the step; no communication.
 
         ``groups``: only these groups' tensors, for layer-wise callers that hand a
-        group in as soon as backward completes it. The gradients may be dropped
-        afterwards: nothing per contribution is kept. End the step with
-        ``start_reduce`` for every group and ``finish_step``, or with ``step()``.
+        group in as soon as backward completes it. Elements within the predicted
+        range go into the int64 sum now; the few beyond it are held until the
+        step's scales are agreed (``scales``), as copies (``keep="copy"``: the
+        caller may reuse its arrays) or as the arrays themselves
+        (``"reference"``). ``can_redo``: the caller can hand the step's gradients
+        in again (as ``step(closure)`` and the trainer can), so a step with no
+        prediction yet only measures them, holding nothing, and says ``redo``.
+        End the step with ``start_reduce`` for every group and ``finish_step``,
+        or with ``step()``.
         """
         self._begin_step()
         for index in range(len(self.groups)) if groups is None else groups:
-            if self._tallies[index].add(grads, self.names):
-                self.groups[index].accumulate(self.reduction, grads, self.scales.used[index])
+            self._hand_in(index, grads, Keep(keep), can_redo)
         self.memory_log.sample(self.memory())
 
-    def reduce_round(self, index: int, grads: Mapping | None) -> None:
-        """Reduce-scatter one round of group ``index`` into its grad shard now, as DeepSpeed and FSDP do.
+    def _hand_in(self, index: int, grads: Mapping, keep: Keep, can_redo: bool) -> None:
+        """Stream one contribution's tensors of group ``index`` into its local grads, and tally them."""
+        tally = self._tallies[index]
+        if self.groups[index].gradients.rounds_reduced:
+            tally.note(f"group {index} was reduced round by round: its gradients cannot also be accumulated")
+        if tally.check(grads, self.names):
+            gradients = self.groups[index].gradients
+            found = gradients.accumulate(self.reduction, grads, self.scales.used[index], keep, can_redo)
+            self._record(tally, index, found, can_redo)
+
+    def _record(self, tally, index: int, found, can_redo: bool) -> None:
+        tally.record(*found)
+        tally.measured |= can_redo and not self.scales.streams(index)
+
+    def reduce_round(self, index: int, grads: Mapping | None, keep: str = "copy", can_redo: bool = False) -> None:
+        """Reduce-scatter one round of group ``index`` into its streamed sum now, as DeepSpeed and FSDP do.
 
         Collective: every rank calls it once per round of micro-batches, with its
         contribution or None. No full-size gradient buffer outlives the call.
-        Stages with a reduce-scatter only (1-3).
+        Stages with a reduce-scatter only (1-3). ``keep`` and ``can_redo`` as for ``accumulate``.
         """
         self._begin_step()
         if not self._tracker.reduce_round(index, self.step_number):
@@ -200,40 +222,40 @@ class ZeroEngine:
         group = self.groups[index]
         if group.plan.gradient_collective is not GradientCollective.REDUCE_SCATTER:
             raise StepOrderError(f"reduce_round({index}): stage {self.config.stage} all-reduces; use accumulate")
-        if group.accumulated:
-            self._tallies[index].note(f"reduce_round({index}) after accumulate for that group in the same step")
-        usable = grads is not None and self._tallies[index].add(grads, self.names)
-        if not self.scales.measuring(index):
-            self.collectives.watchdog.context = f"step {self.step_number}, round of group {index}"
-            group.reduce_round(self.collectives, self.reduction, grads if usable else None, self.scales.used[index])
+        tally = self._tallies[index]
+        if group.gradients.accumulated:
+            tally.note(f"reduce_round({index}) after accumulate for that group in the same step")
+        usable = grads is not None and tally.check(grads, self.names)
+        self.collectives.watchdog.context = f"step {self.step_number}, round of group {index}"
+        found = group.gradients.reduce_round(
+            self.collectives, self.reduction, grads if usable else None, self.scales.used[index], Keep(keep), can_redo
+        )
+        if found is not None:
+            self._record(tally, index, found, can_redo)
         self.memory_log.sample(self.memory())
 
     def start_reduce(self, index: int, contributions: Sequence[Mapping] = ()) -> None:
-        """End group ``index``'s part of the step: agree with every rank on its count, maxima and problems,
-        choose its scales, and start its gradient collective.
+        """End group ``index``'s part of the step: agree with every rank on its count, maxima, kept elements and
+        problems, choose its scales, and start its gradient collective.
 
-        ``contributions`` given here are encoded after the agreement, at the scales it chose, so a step whose
-        gradients all come this way (or through ``step(list)``) is never redone.
+        ``contributions`` given here are held (not copied) until the step ends.
         """
         self._begin_step()
         if not self._tracker.start(index, self.step_number):
             return
         tally = self._tallies[index]
-        early = tally.seen > 0  # encoded before the scales were agreed: at the predicted scales
-        in_hand = [grads for grads in contributions if tally.add(grads, self.names)]
-        if self.groups[index].rounds_reduced and (self.groups[index].accumulated or in_hand):
-            tally.note(f"group {index} was reduced round by round: its gradients cannot also be accumulated")
+        for grads in contributions:
+            self._hand_in(index, grads, Keep.REFERENCE, can_redo=False)
         self.collectives.watchdog.context = f"step {self.step_number}, group {index}"
-        hyper_digest = self._read_hyper(tally)
-        total = self.collectives.agree(np.append(tally.agreement_row(early), [hyper_digest, -hyper_digest]))
-        total, agreed_digest, lowest_digest = total[:-2], total[-2], -total[-1]
-        if total[1]:
+        agreed = self.collectives.agree(tally.agreement_row(self._read_hyper(tally)))
+        count, problem, measured, digest, negated = agreed[:FIXED_FIELDS]
+        kept, maxima = agreed[FIXED_FIELDS:].reshape(2, -1)  # per tensor: any rank kept elements; the maximum
+        if problem:
             self._end_step()
             agree.raise_if_any(self.collectives, tally.problem, f"step {self.step_number}: bad gradients")
-        if agreed_digest != lowest_digest:
+        if digest != -negated:
             self._end_step()
-            self._raise_hyper_mismatch()
-        count, any_early, maxima = int(total[0]), bool(total[2]), total[3:]
+            self.raise_hyper_disagreement(self._hyper, None)
         if count == 0:
             self._end_step()
             raise agree.ZeroError(f"step {self.step_number}: no rank handed in any gradients")
@@ -242,22 +264,23 @@ class ZeroEngine:
             self._skip(f"non-finite gradient in group {index} on ranks {[r for r, bad in enumerate(flags) if bad]}")
             return
         try:
-            chosen = self.scales.choose(index, maxima, count, any_early)
+            self.scales.choose(index, maxima, int(count), kept > 0, bool(measured))
         except OverflowError as error:  # every rank computes the same scales, so every rank gets here
             self._end_step()
             raise agree.ZeroError(f"step {self.step_number}: {error}") from None
-        if self.scales.redo or (self.scales.measuring(index) and any_early):
-            return  # every rank knows: no collective for a pass that will be redone, or that encoded nothing
-        group = self.groups[index]
-        group.start_reduce(self.collectives, self.reduction, not self.config.overlap, in_hand, chosen)
+        if self.scales.redo:
+            return  # every rank knows: no collective for a pass that will be redone
+        gradients = self.groups[index].gradients
+        gradients.start_reduce(self.collectives, self.reduction, not self.config.overlap, self.scales.streams(index))
         self._pending.append(index)
         self.memory_log.sample(self.memory())
         while len(self._pending) > IN_FLIGHT:  # finish the oldest: its int64 buffers go before the next arrive
             self._finish_reduce(self._pending.pop(0))
 
     def _finish_reduce(self, index: int) -> None:
-        chosen, count, _ = self.scales.chosen[index]
-        self.groups[index].finish_reduce(self.reduction, chosen, count)
+        chosen, count, kept = self.scales.chosen[index]
+        used = self.scales.used[index]
+        self.groups[index].gradients.finish_reduce(self.collectives, self.reduction, used, chosen, count, kept)
 
     def _skip(self, problem: str) -> None:
         """Apply ``on_nonfinite`` to an agreed problem: raise it on every rank, or skip the step on every rank."""
@@ -266,7 +289,7 @@ class ZeroEngine:
             raise agree.ZeroError(f"step {self.step_number}: {problem}")
         self._tracker.skip()
         for group in self.groups:
-            group.end_step()
+            group.gradients.end_step()
 
     def finish_step(self) -> StepResult:
         """Finish every group's reduction, clip, update and publish; or skip or redo the step if agreed."""
@@ -320,19 +343,31 @@ class ZeroEngine:
             group.publish(self.collectives)
         return StepResult(self.step_count, skipped=False, grad_norm=grad_norm)
 
+    def read_hyper(self) -> tuple[tuple | None, int, str | None]:
+        """The optimizer's hyper-parameters now, checked: (them, their digest, None), or (None, -1, the problem)."""
+        try:
+            hyper = self.bound.snapshot()
+        except ValueError as error:
+            return None, -1, f"optimizer: {error}"
+        return hyper, optim_groups.digest(hyper), None
+
     def _read_hyper(self, tally) -> float:
         """Read this step's hyper-parameters once (a problem is noted on ``tally``); return their digest."""
         if self._hyper is None:
-            try:
-                self._hyper = self.bound.snapshot()
-            except ValueError as error:
-                tally.note(f"optimizer: {error}")
-                return -1.0
-        return float(optim_groups.digest(self._hyper))
+            self._hyper, self._hyper_digest, problem = self.read_hyper()
+            if problem is not None:
+                tally.note(problem)
+        return float(self._hyper_digest)
 
-    def _raise_hyper_mismatch(self) -> None:
-        """Name the first hyper-parameter a rank holds otherwise than rank 0 (every rank raises the same error)."""
-        everyone = self.collectives.allgather_object(self.bound.record(self._hyper), "the optimizer hyper-parameters")
+    def raise_hyper_disagreement(self, hyper: tuple | None, problem: str | None) -> None:
+        """Name the ranks whose hyper-parameters could not be read, or the first that differs from rank 0's, on
+        every rank (collective)."""
+        everyone = self.collectives.allgather_object(problem or self.bound.record(hyper), "the hyper-parameters")
+        problems = {rank: found for rank, found in enumerate(everyone) if isinstance(found, str)}
+        if problems:
+            raise agree.ZeroError(
+                f"step {self.step_number}: " + "; ".join(f"rank {r}: {p}" for r, p in problems.items())
+            )
         rank, group, name = next(
             (r, g, n)
             for r, record in enumerate(everyone)
@@ -354,20 +389,25 @@ class ZeroEngine:
         self._hyper = None
         self.scales.begin()
 
+    def discard_step(self) -> None:
+        """Forget every gradient handed in this step, on every rank that calls it (all must: sums are shared)."""
+        self._end_step()
+
     def _end_step(self) -> None:
         """Forget this step's gradients and collectives on every group; the next call starts a new step."""
         for group in self.groups:
-            group.end_step()
+            group.gradients.end_step()
         self._pending.clear()
         self._tracker.reset()
 
-    def scale_state(self) -> dict[str, int | None]:
-        """Each tensor's last true scale exponent, which the next step's prediction starts from (for checkpoints)."""
-        return {name: self.scales.previous_k.get(name) for name in self.names}
+    def scale_state(self) -> dict[str, list | None]:
+        """Each tensor's history (the last step's agreed maximum and count), from which the next step's scale is
+        predicted (for checkpoints)."""
+        return {name: self.scales.saved(name) for name in self.names}
 
-    def restore_scale_state(self, state: Mapping[str, int | None]) -> None:
+    def restore_scale_state(self, state: Mapping[str, list | None]) -> None:
         """Continue predicting scales from a saved ``scale_state()``."""
-        self.scales.previous_k = {name: state.get(name) for name in self.names}
+        self.scales.restore({name: state.get(name) for name in self.names})
 
     @property
     def redone_steps(self) -> int:
@@ -412,12 +452,14 @@ class ZeroEngine:
         """All training state this rank updates (everything at stage 0): what a load must fill."""
         return [piece for g in self.groups for piece in g.state_pieces(*g.plan.owned_range)]
 
-    def set_master(self, index: int, values: Mapping) -> None:
-        """Set group ``index``'s master shard from full float32 tensors by name (no communication).
+    def set_state(self, index: int, name: str, values: Mapping) -> None:
+        """Set group ``index``'s state ``name`` (``master`` or an optimizer state) from full float32 host tensors
+        by name (no communication).
 
-        Call ``publish`` once every group is set, with every group released, so all ranks compute with them.
+        After setting masters, call ``publish`` once every group is set, with every group released, so all ranks
+        compute with them.
         """
-        self.groups[index].set_master(values)
+        self.groups[index].set_state(name, values)
 
     def publish(self) -> None:
         """Make the parameters every rank computes with equal to the master again (after the state was set)."""
@@ -435,12 +477,13 @@ class ZeroEngine:
         """Return the full float32 master parameters by name on every rank (host arrays)."""
         result = {}
         for index in range(len(self.groups)):
-            result.update(self.master_group(index))
+            result.update(self.state_group(index, "master"))
         return {name: result[name] for name in self.names}
 
-    def master_group(self, index: int) -> dict[str, np.ndarray]:
-        """Return group ``index``'s full float32 master parameters by name on every rank (host arrays; collective)."""
-        return self.groups[index].full_master(self.collectives)
+    def state_group(self, index: int, name: str) -> dict[str, np.ndarray]:
+        """Return group ``index``'s state ``name`` of every tensor, whole, by tensor name, on every rank (host
+        arrays; collective)."""
+        return self.groups[index].full_state(self.collectives, name)
 
     def master_digest(self) -> str:
         """A digest of the fp32 master params, the same at any world size (collective: each rank digests its shard)."""
@@ -452,7 +495,7 @@ class ZeroEngine:
         for group in self.groups:
             for kind, nbytes in group.memory().items():
                 total[kind] += nbytes
-        total["comm"] += self.collectives.bucket_bytes
+        total["comm"] += self.collectives.held_bytes
         return total
 
     def memory_report(self) -> dict:
@@ -462,11 +505,13 @@ class ZeroEngine:
 
 
 def _bind(optimizer, names: list[str]) -> tuple[BoundOptimizer | None, str | None]:
-    """The optimizer bound to the tensors, or the problem (its parameter groups do not cover them exactly once)."""
-    if not (hasattr(optimizer, "rule") and hasattr(optimizer, "param_groups")):
-        return None, f"optimizer must be mpizero.SGD, Adam or AdamW, got {type(optimizer).__name__}"
+    """The optimizer bound to the tensors, or the problem (another kind of object, or parameter groups that do not
+    cover the tensors exactly once)."""
     try:
         return BoundOptimizer(optimizer, names), None
+    except AttributeError:
+        kind = type(optimizer).__name__
+        return None, f"optimizer must be mpizero.SGD, Adam or AdamW (torch.optim's through mpizero.torch), got {kind}"
     except (ValueError, TypeError) as error:
         return None, f"optimizer: {error}"
 

@@ -21,7 +21,8 @@ import pickle
 from dataclasses import dataclass
 
 from mpizero.core.partition import Partition
-from mpizero.core.reduction import REDUCTIONS
+from mpizero.core.reduce.reduction import REDUCTIONS
+from mpizero.core.reduce.tally import FIXED_FIELDS
 from mpizero.core.stages import GradientCollective, ShardPlan, sharding, span
 
 PAPER_K = 12
@@ -48,7 +49,7 @@ class Setup:
     wire_bytes: int = 8
     optimizer_states: int = 2
     align: int = 1
-    shared_arena: bool = False  # stages 2-3 on one host: one bucket-sized shared buffer for gradients
+    shared_memory: bool = False  # ranks share one host's memory: gradients are summed out of shared windows
     nodes: int = 1
     two_level: bool = False  # reduce-scatters and all-gathers in two levels (inside nodes, then across)
     group_counts: tuple[int, ...] = ()  # how many groups of each size in ``group_numels`` (empty: one each)
@@ -84,11 +85,14 @@ def engine_bytes(setup: Setup) -> dict[str, int]:
 
 
 def _comm_bytes(setup: Setup, plans: list[tuple[ShardPlan, int]]) -> int:
-    """Kept local gradient buffers (stages 0-1), or else the shared arena of the largest bucket, if any."""
+    """Kept local gradient buffers (stages 0-1); at stages 2-3 with every rank on one host, each group's
+    accumulator of its owner sums (this rank's block of the streamed sum, ``comm.shared.OwnerSums``)."""
     kept = sum(p.partition.padded_numel * n for p, n in plans if p.keeps_local_grads)
-    if kept or not setup.shared_arena:
+    if kept:
         return kept * setup.wire_bytes
-    return max(p.partition.padded_numel for p, _ in plans) * setup.wire_bytes
+    if setup.shared_memory and setup.nodes == 1:
+        return sum(span(p.shard_range) * n for p, n in plans) * setup.wire_bytes
+    return 0
 
 
 def traffic_per_step(setup: Setup, rounds: int = 1, reduce_each_round: bool | None = None) -> dict[str, int]:
@@ -201,8 +205,8 @@ def agreement_bytes_per_step(
     """
     plans = setup.plans()
     per_group = sum(
-        8 * (5 + t) * count for t, count in zip(tensors, setup.counts(), strict=True)
-    )  # (count, problem flag, early flag, one maximum per tensor, the optimizer's digest and its negation)
+        8 * (FIXED_FIELDS + 2 * t) * count for t, count in zip(tensors, setup.counts(), strict=True)
+    )  # ``tally.agreement_row``: its fixed fields, and a kept flag and a maximum per tensor
     norm = FLOAT_BYTES + NORM_SUM_BYTES if clip and plans[0].norm_needs_all_ranks else 0
     overflow = FLAG_BYTES if REDUCTIONS[reduction].result_can_overflow else 0
     return FLAG_BYTES + per_group + norm + overflow + 8 * micro_batches

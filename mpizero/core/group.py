@@ -9,10 +9,8 @@ Glossary (these names and no others):
   full params exist only between ``gather`` and ``release``.
 - owned range: what this rank updates: the whole padded buffer when the
   optimizer is not sharded (stage 0), its shard otherwise.
-- local grads: this rank's contributions summed in the reduction's wire dtype
-  (int64 for ``exact``), padded numel; kept between steps unless gradients are
-  sharded.
-- grad shard: the averaged float32 gradient over the owned range.
+- gradients: this step's local grads, streamed sum, kept elements and the
+  averaged grad shard over the owned range (``gradients.GroupGradients``).
 - master shard: float32 parameters over the owned range; the optimizer's copy.
   At stage 3 with float32 params it is the param shard itself (one buffer,
   ``ShardPlan.master_is_param_shard``): the update writes the params directly.
@@ -28,9 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpizero.core.arrays import to_host
+from mpizero.core.gradients import GroupGradients
 from mpizero.core.layout import FlatLayout, TensorSpec
 from mpizero.core.optim import rules
-from mpizero.core.stages import GradientCollective, Publish, ShardPlan
+from mpizero.core.stages import Publish, ShardPlan
 
 
 class ParamState(enum.Enum):
@@ -70,9 +69,8 @@ class FlatGroup:
             held[lo - held_start : hi - held_start] = fill(spec.name, lo - spec.offset, hi - spec.offset)
         start, stop = plan.owned_range
         self.optimizer_state: dict = {}
-        self.grad_shard = xp.zeros(stop - start, dtype=np.float32)
-        self.local_grads = self.reduced = self.pending_reduce = self.pending_result = self.pending_gather = None
-        self.accumulated, self.rounds_reduced, self.decoded = False, 0, False  # this step's progress
+        self.gradients = GroupGradients(layout, plan, xp, self.owned_segments())
+        self.pending_gather = None
         if plan.gathers_params:
             self.full_params = None
             self.param_shard = held.astype(self.param_dtype, copy=False)
@@ -89,6 +87,11 @@ class FlatGroup:
     @property
     def owned_range(self) -> tuple[int, int]:
         return self.plan.owned_range
+
+    @property
+    def grad_shard(self):
+        """The averaged float32 gradient over the owned range (``gradients``)."""
+        return self.gradients.grad_shard
 
     def owned_segments(self) -> list[tuple[int, int, int]]:
         """Return ``(tensor index, start, stop)`` of each tensor's piece of the owned range (owned-relative)."""
@@ -120,19 +123,28 @@ class FlatGroup:
             for _, spec, lo, hi in self.layout.overlaps(start, stop)
         ]
 
-    def set_master(self, values) -> None:
-        """Set the master shard from full float32 tensors by name (the owned range of each)."""
-        start, stop = self.owned_range
-        for _, spec, lo, hi in self.layout.overlaps(start, stop):
-            flat = values[spec.name].reshape(-1)
-            self.master_shard[lo - start : hi - start] = flat[lo - spec.offset : hi - spec.offset]
+    def state_buffer(self, name: str):
+        """The owned-range buffer of training state ``name``: ``master``, ``grad`` (the averaged grad shard, once
+        reduced) or an optimizer state."""
+        if name == "master":
+            return self.master_shard
+        return self.grad_shard if name == "grad" else self.optimizer_state[name]
 
-    def full_master(self, collectives) -> dict:
-        """The full float32 master params by name on every rank, as host arrays (all-gather, counted as report)."""
+    def set_state(self, name: str, values) -> None:
+        """Set state ``name`` over the owned range from full float32 host tensors by name (copied to the device
+        explicitly where the group lives there)."""
+        start, stop = self.owned_range
+        target = self.state_buffer(name)
+        for _, spec, lo, hi in self.layout.overlaps(start, stop):
+            piece = np.asarray(values[spec.name], dtype=np.float32).reshape(-1)[lo - spec.offset : hi - spec.offset]
+            target[lo - start : hi - start] = piece if self.xp is np else self.xp.asarray(piece)
+
+    def full_state(self, collectives, name: str) -> dict:
+        """State ``name`` of every tensor, whole, on every rank, as host arrays (all-gather, counted as report)."""
         full = np.empty(self.partition.padded_numel, dtype=np.float32)
         start, stop = self.partition.shard_range(self.rank)
         owned_start = start - self.owned_range[0]
-        shard = to_host(self.master_shard[owned_start : owned_start + stop - start])
+        shard = to_host(self.state_buffer(name)[owned_start : owned_start + stop - start])
         collectives.allgather(np.ascontiguousarray(shard), full, counted_as="report")
         return {k: v.copy() for k, v in self.layout.views(full).items()}
 
@@ -186,113 +198,6 @@ class FlatGroup:
             self.full_params = None
             self.state = ParamState.SHARDED
 
-    # Gradients -------------------------------------------------------------
-
-    def keep_local_grads(self, collectives, reduction) -> None:
-        """Allocate the local grads kept between steps (stages 0-1; collective where shared: at set-up)."""
-        if self.plan.keeps_local_grads:
-            padded, wire = self.partition.padded_numel, reduction.wire_dtype
-            on_arena = self._on_arena(collectives)
-            self.local_grads = (
-                collectives.shared_buffer(padded, wire, id(self)) if on_arena else self.xp.zeros(padded, dtype=wire)
-            )
-
-    @property
-    def _scatters(self) -> bool:
-        return self.plan.gradient_collective is GradientCollective.REDUCE_SCATTER
-
-    def _on_arena(self, collectives) -> bool:
-        """Whether this group's gradients are reduce-scattered out of a node-shared arena (host buffers)."""
-        return collectives.shared and self.xp is np and self._scatters
-
-    def accumulate(self, reduction, grads, step_scales) -> None:
-        """Fold one contribution into the local grads (no communication)."""
-        first = not self.accumulated
-        if self.local_grads is None:
-            self.local_grads = self.xp.empty(self.partition.padded_numel, dtype=reduction.wire_dtype)
-        reduction.add(self.local_grads, grads, self.layout.specs, step_scales, first)
-        self.accumulated = True
-
-    def reduce_round(self, collectives, reduction, grads, step_scales) -> None:
-        """Reduce-scatter one round's contribution (or zeros) into the grad-shard accumulator (collective).
-
-        The contribution is encoded straight into the node-shared arena when every rank shares this host.
-        """
-        padded, wire = self.partition.padded_numel, reduction.wire_dtype
-        on_arena = self._on_arena(collectives)
-        buffer = collectives.shared_buffer(padded, wire) if on_arena else self.xp.empty(padded, dtype=wire)
-        if grads is None:
-            buffer[...] = 0
-        else:
-            reduction.add(buffer, grads, self.layout.specs, step_scales, first=True)
-        if self.reduced is None:
-            self.reduced = self.xp.empty(self.grad_shard.shape, dtype=wire)
-            collectives.reduce_scatter(buffer, self.reduced)
-        else:
-            collectives.reduce_scatter_add(buffer, self.reduced)  # from the arena: no round-sized temporary
-        self.rounds_reduced += 1
-
-    def start_reduce(self, collectives, reduction, blocking: bool, in_hand=(), step_scales=None) -> None:
-        """Start the one gradient collective of the local grads, unless this step reduced round by round.
-
-        ``in_hand``: contributions encoded now, at ``step_scales``, on top of any accumulated before. Every
-        rank calls this for the same groups in the same order, with or without contributions of its own.
-        """
-        if self.rounds_reduced:
-            return
-        padded, wire = self.partition.padded_numel, reduction.wire_dtype
-        local = self.local_grads
-        if self._on_arena(collectives) and not self.plan.keeps_local_grads:
-            local = collectives.shared_buffer(padded, wire)  # the arena's zero-copy sum beats MPI's by far
-            if self.accumulated:
-                local[...] = self.local_grads
-            self.local_grads = None
-        elif local is None:
-            local = self.local_grads = self.xp.empty(padded, dtype=wire)
-        for grads in in_hand:
-            reduction.add(local, grads, self.layout.specs, step_scales, first=not self.accumulated)
-            self.accumulated = True
-        if not self.accumulated:
-            local[...] = 0
-        result = self.xp.empty(self.grad_shard.shape, dtype=wire)
-        if self._scatters:
-            self.pending_reduce = collectives.reduce_scatter(local, result, blocking)
-        else:
-            self.pending_reduce = collectives.allreduce(local, result, blocking)
-        self.pending_result = result
-
-    def finish_reduce(self, reduction, step_scales, count: int) -> None:
-        """Complete the gradient collective and decode the averaged grad shard (once a step)."""
-        if self.decoded:
-            return
-        if self.pending_reduce is not None:
-            self.pending_reduce.wait()
-            self._add_reduced(self.pending_result)
-        self.grad_shard[...] = 0
-        if self.reduced is not None:  # None: nothing was encoded, because every gradient of the step was zero
-            for index, lo, hi in self.owned_segments():
-                reduction.decode(self.reduced[lo:hi], step_scales[index], count, self.grad_shard[lo:hi])
-        self._free_step_buffers()
-        self.decoded = True
-
-    def _add_reduced(self, shard) -> None:
-        if self.reduced is None:
-            self.reduced = shard
-        else:
-            self.reduced += shard
-
-    def end_step(self) -> None:
-        """Complete any collective in flight and forget this step's gradients (used, skipped or to be redone)."""
-        if self.pending_reduce is not None:
-            self.pending_reduce.wait()
-        self._free_step_buffers()
-        self.accumulated, self.rounds_reduced, self.decoded = False, 0, False
-
-    def _free_step_buffers(self) -> None:
-        self.reduced = self.pending_reduce = self.pending_result = None
-        if not self.plan.keeps_local_grads:
-            self.local_grads = None
-
     def update(self, rule, hyper: tuple, step: int) -> None:
         """Apply one optimizer step to the master shard, each run with its parameter group's ``hyper``."""
         for group, lo, hi in self.optimizer_runs:
@@ -316,8 +221,8 @@ class FlatGroup:
         return {
             "params": self.param_shard.nbytes if self.plan.gathers_params else self.full_params.nbytes,
             "gathered": self.full_params.nbytes if transient_full else 0,
-            "grads": self.grad_shard.nbytes,
+            "grads": self.grad_shard.nbytes + self.gradients.kept_bytes(),
             "master": 0 if self.shares_master else self.master_shard.nbytes,  # counted once, as params
             "optimizer": sum(a.nbytes for a in self.optimizer_state.values()),
-            "comm": sum(0 if b is None else b.nbytes for b in (self.local_grads, self.reduced, self.pending_result)),
+            "comm": self.gradients.comm_bytes(),
         }

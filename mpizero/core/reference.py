@@ -14,13 +14,14 @@ instead of being copied into the reference.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from mpizero.core import exact, norm, scales
 from mpizero.core.arrays import array_module
 from mpizero.core.optim import BoundOptimizer, rules
+from mpizero.core.reduce import exact, norm, scales
 
 
 def contribution(grads: Mapping, grad_dtype, loss_scale: float) -> dict[str, np.ndarray]:
@@ -57,7 +58,7 @@ class Reference:
         self.state = {n: {s: self.xp.zeros_like(p) for s in names} for n, p in self.params.items()}
         self.step_count = self.skipped_steps = 0
         self.scale_headroom = scale_headroom
-        self.previous_k: dict[str, int | None] = {}  # each tensor's last true scale exponent (``scales``)
+        self.history: dict[str, tuple[float, int]] = {}  # each tensor's last agreed (maximum, count) (``scales``)
 
     def compute_params(self) -> dict[str, np.ndarray]:
         """The parameters every rank computes with: the master rounded to the param dtype, as float32."""
@@ -87,10 +88,12 @@ class Reference:
     def _learn_scales(self, contributions: Sequence[Mapping]) -> None:
         for name in self.params:
             largest = max(exact.max_abs(c[name]) for c in contributions)
-            self.previous_k[name] = scales.following(self.previous_k.get(name), largest, len(contributions))
+            if largest > 0:
+                self.history[name] = (largest, len(contributions))
 
     def average(self, contributions: Sequence[Mapping]) -> dict[str, np.ndarray]:
-        """Return each tensor's mean gradient over all contributions, at the scale this step uses (``scales``)."""
+        """Return each tensor's mean gradient over all contributions, as ``scales`` defines it: elements below the
+        cap summed at the predicted scale, the rest at the chosen one, the sum rescaled to it and divided once."""
         count = len(contributions)
         result = {}
         for name, param in self.params.items():
@@ -98,14 +101,26 @@ class Reference:
             if self.reduction == "native":
                 result[name] = (_fold(sources) / np.float32(count)).reshape(param.shape)
                 continue
-            predicted = scales.predicted(self.previous_k.get(name), self.scale_headroom)
+            history = self.history.get(name)
+            used = None if history is None else scales.predict(*history, self.scale_headroom)
             largest = max(exact.max_abs(s) for s in sources)
-            scale = scales.choose(predicted, largest, count, self.scale_headroom)
-            total = self.xp.empty(param.size, dtype=np.int64)
-            exact.sum_into(total, sources, scale)
-            result[name] = self.xp.empty(param.shape, dtype=np.float32)
-            exact.decode(total, scale, count, result[name])
+            settled, _ = scales.settle(used, largest, count, self.scale_headroom)
+            result[name] = self.xp.zeros(param.shape, dtype=np.float32)
+            if settled is None:  # every contribution is zero
+                continue
+            cap = math.ldexp(1.0, settled.cap_exponent)
+            beyond = [self.xp.abs(s.astype(np.float64)) >= cap for s in sources]
+            chosen = scales.chosen_scale(settled, largest, count, any(bool(b.any()) for b in beyond))
+            streamed = sum(_fixed(self.xp.where(b, 0.0, s), settled.k) for s, b in zip(sources, beyond))
+            exact.rescale(streamed, settled.k - chosen)
+            total = streamed + sum(_fixed(self.xp.where(b, s, 0.0), chosen) for s, b in zip(sources, beyond))
+            exact.decode(total, chosen, count, result[name])
         return result
+
+
+def _fixed(x, k: int):
+    """``rint(x * 2**k)`` as int64: one contribution in fixed point, plainly."""
+    return np.rint(np.ldexp(x.astype(np.float64), k)).astype(np.int64)
 
 
 def _fold(arrays) -> np.ndarray:

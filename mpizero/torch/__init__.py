@@ -1,6 +1,7 @@
 """mpizero for PyTorch modules: ``shard(model, optimizer, stage=...)`` (needs ``pip install mpizero[torch]``)."""
 
+from mpizero.torch.check import Recipe, Report, check
 from mpizero.torch.shard import ShardedModel, shard
 from mpizero.torch.units import default_units
 
-__all__ = ["ShardedModel", "default_units", "shard"]
+__all__ = ["Recipe", "Report", "ShardedModel", "check", "default_units", "shard"]

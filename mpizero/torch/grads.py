@@ -1,19 +1,21 @@
-"""Gradients from autograd into the engine: kept per backward until ``step()``, or streamed group by group.
+"""Gradients from autograd into the engine, group by group, as soon as a backward pass completes them.
+
+Each backward pass is one contribution. When autograd has finished every
+gradient of a group in a backward, the group's gradients go to the engine and
+are dropped: reduce-scattered into the streamed sum at once where gradients are
+sharded (stages 2-3, one announced ``reduce_round`` per group and backward, as
+DeepSpeed and FSDP do), folded into the local grads otherwise (stages 0-1,
+``accumulate``). Elements beyond the step's predicted range (rare; ``scales``)
+are held until the step's scales are agreed, so no step is redone for them.
 
 Glossary:
 
-- kept: each backward's gradients are kept as a dict (one float32 gradient per
-  parameter and backward) until ``step()``, which encodes them once every rank
-  agreed on the step's scales: never redone, but the memory grows with the
-  micro-batches. What ``loss.backward(); zero.step()`` does.
-- streamed: as soon as autograd has finished every gradient of a group, the
-  group's gradients are encoded at the scales the engine predicted and dropped:
-  reduce-scattered into the grad shard at once where gradients are sharded
-  (stages 2-3, as DeepSpeed and FSDP do: one announced ``reduce_round`` per
-  group and backward), folded into the local grads otherwise (``accumulate``).
-  The memory after backward is the same at any number of micro-batches. A step
-  whose prediction failed is redone by running the caller's closure again.
-  What ``zero.step(closure)`` does.
+- streamed (``step(closure)``): the closure can run again, so a step with no
+  prediction yet (the run's first) only measures, and runs again; nothing is
+  held.
+- kept (``loss.backward(); zero.step()``): nothing can run again, so the first
+  step holds each backward's gradients until its scales are agreed; later steps
+  hold only elements beyond the prediction.
 """
 
 from __future__ import annotations
@@ -30,18 +32,19 @@ class GradientIntake:
         self.streaming = False
         self.counted = True  # False inside ``not_counted()``: gradients are dropped
         self.reduce_in_backward = False  # ``last_backward()``: start each group's reduction once it is complete
-        self.kept: list[dict] = []  # kept mode: this step's finished backwards
         self.reset()
 
     def reset(self) -> None:
-        """Forget this step's gradients and progress (after a step, or ``zero_grad``)."""
-        self.kept = []
+        """Forget this step's progress (after a step, or ``zero_grad``)."""
+        self.handed_in = False  # any backward of this step reached the engine
         self.next_group = len(self.engine.groups) - 1  # the next group to start reducing (descending)
         self._reset_backward()
 
     def _reset_backward(self) -> None:
-        self.current, self.delivered = {}, False
+        self.current: dict = {}
+        self.delivered = False  # this backward produced a counted gradient
         self.missing = [set(g.layout.names) for g in self.engine.groups]
+        self.pending = set(range(len(self.engine.groups)))  # groups not yet handed in this backward
 
     @property
     def started_reducing(self) -> bool:
@@ -53,50 +56,48 @@ class GradientIntake:
         if self.counted:
             self.current[name], self.delivered = grad, True
         self.missing[group].discard(name)
-        if self.streaming and self.counted and not self.missing[group]:
-            self._accumulate(group)
+        if not self.missing[group]:
+            self._hand_in(group)
         if self.reduce_in_backward:
             self.start_ready()
 
-    def _accumulate(self, group: int) -> None:
-        """Hand group ``group``'s gradients of this backward (complete or not) to the engine; drop them."""
+    def _hand_in(self, group: int) -> None:
+        """Give group ``group``'s gradients of this backward (complete or not) to the engine; drop them."""
+        self.pending.discard(group)
         names = self.engine.groups[group].layout.names
         grads = {n: self.current.pop(n) for n in names if n in self.current}
+        contribution = grads if self.delivered else None  # partial or empty: the engine names what is missing
+        # autograd made these arrays, and nobody writes them again; a closure can run again, a plain loop cannot
+        hand_in = {"keep": "reference", "can_redo": self.streaming}
         if self.per_round:
-            self.announce(Operation.REDUCE_ROUND, group)
-            self.engine.reduce_round(group, grads)
-        else:
-            self.engine.accumulate(grads, groups=[group])
+            if self.engine.scales.streams(group):  # the same on every rank: only then is there a collective
+                self.announce(Operation.REDUCE_ROUND, group)
+            self.engine.reduce_round(group, contribution, **hand_in)
+        elif contribution is not None:
+            self.engine.accumulate(contribution, groups=[group], **hand_in)
+        self.handed_in |= contribution is not None
 
     def start_ready(self) -> None:
-        """Start the reduction of every complete group, in descending order (the same on every rank)."""
-        in_hand = () if self.streaming else [*self.kept, self.current] if self.counted else self.kept
-        while self.next_group >= 0 and not self.missing[self.next_group]:
-            self._start(self.next_group, in_hand)
+        """Start the reduction of every group this backward has handed in, in descending order (the same on
+        every rank)."""
+        while self.next_group >= 0 and self.next_group not in self.pending:
+            self._start(self.next_group)
 
     def backward_done(self) -> None:
-        """End of one backward: keep its dict, or hand in the groups it left incomplete (the engine names them)."""
-        if self.streaming and self.delivered:
-            for group, names in enumerate(self.missing):
-                if names:
-                    self._accumulate(group)
-        elif self.current:
-            self.kept.append(self.current)
+        """End of one backward: hand in the groups it left incomplete (the engine names the missing tensors)."""
+        if self.delivered or self.per_round:
+            for group in sorted(self.pending, reverse=True):
+                self._hand_in(group)
         self.reduce_in_backward = False
         self._reset_backward()
 
     def start_all(self) -> None:
-        """Start every group's reduction not yet started (``step()``), with the kept gradients if kept."""
-        in_hand = () if self.streaming else self.kept
+        """Start every group's reduction not yet started (``step()``)."""
         while self.next_group >= 0:
-            self._start(self.next_group, in_hand)
+            self._start(self.next_group)
 
-    def _start(self, index: int, in_hand) -> None:
+    def _start(self, index: int) -> None:
         """Announce, then start group ``index``'s reduction for the step (the next, in descending order)."""
         self.announce(Operation.REDUCE, index)
-        self.engine.start_reduce(index, in_hand)
+        self.engine.start_reduce(index)
         self.next_group = index - 1
-
-    def kept_bytes(self) -> int:
-        """Bytes of gradients held here now (kept dicts, and a streamed backward's incomplete groups)."""
-        return sum(int(a.nbytes) for grads in [*self.kept, self.current] for a in grads.values())

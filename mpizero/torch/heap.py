@@ -1,13 +1,15 @@
-"""Hand the C heap's free pages back to the OS after each backward pass and step (glibc's ``malloc_trim``).
+"""Hand the C heap's free pages back to the OS when the heap grew (glibc's ``malloc_trim``).
 
 Each backward, torch allocates a new full-size gradient per parameter (and stage 3 a full-params buffer per
 unit) and frees it soon after. Once ``shard`` has freed the model's own parameters, glibc's adaptive mmap
 threshold lies above blocks that size, so they come from its heap; small allocations made in between split
 the freed blocks, the heap grows step after step, and every page it ever touched stays resident. On the
 4 x 2048² MLP of ``benchmarks/bench_peers.py`` (stage 3, 8 micro-batches per rank) that was 450-530 MiB of
-peak RSS above the model, about 300 with this. ``malloc_trim(0)`` returns every free page of the heap, wherever
-it lies; a later allocation faults them in again. Where the C library has no ``malloc_trim`` (macOS, musl)
-nothing is done.
+peak RSS above the model, about 300 with trimming. ``malloc_trim(0)`` returns every free page of the heap,
+wherever it lies; but a later allocation faults them in again, zeroed by the kernel, so trimming after every
+backward made each micro-batch's gradients cost page faults. So the heap is trimmed only when it has grown by
+``GROWTH`` since the last trim (glibc's ``mallinfo2``): a heap that reuses its freed blocks is left alone. Where
+the C library has no ``malloc_trim`` (macOS, musl) nothing is done.
 """
 
 from __future__ import annotations
@@ -25,6 +27,45 @@ def _malloc_trim():
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return trim
+
+
+GROWTH = 64 << 20  # bytes the heap may grow by before its free pages go back to the OS
+_last_size = [0]  # the heap's size after the last trim
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks")] + [
+        (name, ctypes.c_size_t) for name in ("fsmblks", "uordblks", "fordblks", "keepcost")
+    ]
+
+
+@functools.cache
+def _mallinfo2():
+    """glibc's ``mallinfo2`` (2.33 and later), or None."""
+    try:
+        info = ctypes.CDLL(None).mallinfo2
+    except (AttributeError, OSError):
+        return None
+    info.restype = _Mallinfo2
+    return info
+
+
+def heap_bytes() -> int | None:
+    """The main heap's size now (glibc), or None where it cannot be read."""
+    info = _mallinfo2()
+    return None if info is None else int(info().arena)
+
+
+def release_if_grown() -> bool:
+    """Trim the heap if it has grown by ``GROWTH`` since the last trim (always, where its size cannot be read);
+    return whether it trimmed."""
+    size = heap_bytes()
+    if size is not None and size < _last_size[0] + GROWTH:
+        return False
+    trimmed = release_free_pages()
+    after = heap_bytes()
+    _last_size[0] = 0 if after is None else after
+    return trimmed
 
 
 def release_free_pages() -> bool:

@@ -6,6 +6,12 @@ them and, when autograd records, hooks the outputs so the unit's backward
 acquires them again first (prefetching the unit before it). Backward: the unit
 is released as soon as autograd has finished every parameter it owns, and
 whatever is still held at the end of the backward is released then.
+
+Every other module holding trainable parameters is a lazy unit: called while
+its groups are held (inside its unit's forward) its hooks do nothing; called on
+its own (a tied ``lm_head`` outside the model's forward) it gathers its groups
+for its forward and its backward as a unit does. Every hook is left out of
+``torch.compile``'s graphs (a graph break at each unit), since it talks to MPI.
 """
 
 from __future__ import annotations
@@ -22,18 +28,22 @@ class UnitHooks:
 
     def __init__(self, model: torch.nn.Module, units: list[Unit], group_of: dict[str, int], binder, on_backward):
         self.binder, self.on_backward = binder, on_backward
-        self.needs = [sorted({group_of[n] for n in u.needed}) for u in units]
+        lazy = _lazy_units(model, units, group_of)
+        self.needs = [sorted({group_of[n] for n in u.needed}) for u in units] + [needs for _, needs in lazy]
+        self.lazy = [False] * len(units) + [True] * len(lazy)
         self.owner = {name: u for u, unit in enumerate(units) for name in unit.owned}
-        self.owned = [set(u.owned) for u in units]
+        self.owned = [set(u.owned) for u in units] + [set() for _ in lazy]
         self.order = list(range(len(units)))  # the last forward's unit order: what prefetching follows
         self.seen: list[int] = []
         self.pending = [set(s) for s in self.owned]  # owned parameters autograd has not finished this backward
-        self.backward_holds = [0] * len(units)
-        model.register_forward_pre_hook(self._model_starts)
-        model.register_forward_hook(self._model_ends)
-        for u, unit in enumerate(units):
-            unit.module.register_forward_pre_hook(partial(self._before_forward, u))
-            unit.module.register_forward_hook(partial(self._after_forward, u))
+        self.backward_holds = [0] * len(self.needs)
+        self.acquired: list[bool] = []  # for each lazy unit's forward in progress: whether it gathered
+        model.register_forward_pre_hook(outside_graphs(self._model_starts))
+        model.register_forward_hook(outside_graphs(self._model_ends))
+        modules = [unit.module for unit in units] + [module for module, _ in lazy]
+        for u, module in enumerate(modules):
+            module.register_forward_pre_hook(outside_graphs(partial(self._before_forward, u)))
+            module.register_forward_hook(outside_graphs(partial(self._after_forward, u)))
 
     def _model_starts(self, module, args) -> None:
         self.seen = []
@@ -60,11 +70,19 @@ class UnitHooks:
                     self.binder.prefetch(g)
 
     def _before_forward(self, u: int, module, args) -> None:
+        if self.lazy[u]:
+            needed = any(self.binder.holders[g] == 0 for g in self.needs[u])
+            self.acquired.append(needed)
+            if needed:
+                self._acquire(u)
+            return
         self.seen.append(u)
         self._acquire(u)
         self._prefetch(u, +1)
 
     def _after_forward(self, u: int, module, args, output) -> None:
+        if self.lazy[u] and not self.acquired.pop():
+            return
         self._release(u)
         if torch.is_grad_enabled():
             call = {"started": False}
@@ -99,6 +117,23 @@ class UnitHooks:
             self._release_backward(u)
         self.binder.drop_prefetched()
         self.pending = [set(s) for s in self.owned]
+
+
+def _lazy_units(model: torch.nn.Module, units: list[Unit], group_of: dict[str, int]) -> list[tuple]:
+    """Every module outside ``units`` holding trainable parameters itself, with the groups those are in."""
+    canonical = {id(p): name for name, p in model.named_parameters() if p.requires_grad}
+    chosen = {id(unit.module) for unit in units}
+    lazy = []
+    for module in model.modules():
+        names = {canonical[id(p)] for p in module.parameters(recurse=False) if id(p) in canonical}
+        if names and id(module) not in chosen:
+            lazy.append((module, sorted({group_of[n] for n in names})))
+    return lazy
+
+
+def outside_graphs(hook):
+    """``hook`` run eagerly, not traced, under ``torch.compile`` (a graph break where it is called)."""
+    return torch.compiler.disable(hook, recursive=True)
 
 
 def _tensors(value) -> list[torch.Tensor]:

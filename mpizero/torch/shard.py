@@ -20,14 +20,16 @@ from functools import partial
 import torch
 from mpi4py import MPI
 
-from mpizero.checkpoint import store
 from mpizero.comm import agree
 from mpizero.core.engine import StepResult, ZeroEngine
+from mpizero.core.errors import ZeroError
 from mpizero.core.step import StepOrderError
-from mpizero.torch import heap, state
+from mpizero.torch import checkpoints, habits, heap, optim_state, rng, state
+from mpizero.torch.buffers import BufferSync
 from mpizero.torch.grads import GradientIntake
 from mpizero.torch.hooks import UnitHooks
 from mpizero.torch.meta import MetaInit, is_meta_model
+from mpizero.torch.optimizer import TorchOptimizer, attach, is_torch_optimizer
 from mpizero.torch.params import Binder
 from mpizero.torch.sync import Announcer, Operation
 from mpizero.torch.tensors import as_array
@@ -45,6 +47,7 @@ def shard(
     units: Sequence[torch.nn.Module] | None = None,
     init: Callable[[torch.nn.Module], None] | None = None,
     trim_heap: bool = True,
+    seed: int | None = None,
     **settings,
 ) -> ShardedModel:
     """Train ``model``'s parameters with ZeRO ``stage`` over ``comm`` (default COMM_WORLD).
@@ -54,21 +57,25 @@ def shard(
     each child holding parameters). A model built on the meta device
     (``with torch.device("meta"):``) is materialized one module at a time,
     each rank keeping only what it holds, by each module's ``reset_parameters()``
-    or by ``init(module)`` (see ``meta``). ``trim_heap``: after each backward pass and step, hand the C
-    heap's free pages back to the OS (see ``heap``). ``settings`` are the engine's
+    or by ``init(module)`` (see ``meta``). ``trim_heap``: hand the C heap's free pages back to the OS when it
+    grew (see ``heap``). ``seed``: what ``micro_batch(i)`` seeds torch's generators from, with the step and
+    ``i`` (default: ``torch.initial_seed()``, the same on every rank). ``settings`` are the engine's
     (``reduction``, ``param_dtype``, ``clip_norm``, ``on_nonfinite``, ...);
     ``watchdog`` defaults to 600 seconds (None turns it off).
     """
+    if any(habits.owner_of(p) is not None for p in model.parameters()):
+        raise ZeroError("this model is sharded already (shard() was called on it): shard a model once")
     settings.setdefault("watchdog", WATCHDOG_SECONDS)
     modules = default_units(model) if units is None else list(units)
-    return ShardedModel(model, optimizer, stage, comm, modules, settings, init, trim_heap)
+    seed = torch.initial_seed() if seed is None else seed
+    return ShardedModel(model, optimizer, stage, comm, modules, settings, init, trim_heap, seed)
 
 
 class ShardedModel:
     """The engine behind a torch module: ``step()``, ``join()``, ``gathered()``, ``state_dict()``, ``save()``, ..."""
 
-    def __init__(self, model, optimizer, stage: int, comm, modules, settings: dict, init=None, trim_heap=True):
-        self.model, self.trim_heap = model, trim_heap
+    def __init__(self, model, optimizer, stage: int, comm, modules, settings: dict, init=None, trim_heap=True, seed=0):
+        self.model, self.trim_heap, self.seed = model, trim_heap, seed
         self.units = [u for u in plan_units(model, modules) if u.needed]
         owning = [u for u in self.units if u.owned]
         groups = [list(u.owned) for u in owning]
@@ -77,11 +84,19 @@ class ShardedModel:
         meta = MetaInit(model, group_of, init) if on_meta else None  # first: it swaps the model's parameters
         self.params = trainable(model)
         source = meta.sharded_init() if meta else {name: as_array(p) for name, p in self.params.items()}
+        self.optimizer = optimizer
+        held_state = None
+        if is_torch_optimizer(optimizer):
+            held_state = torch.optim.Optimizer.state_dict(optimizer) if optimizer.state else None
+            optimizer = TorchOptimizer(optimizer, {id(p): name for name, p in self.params.items()})
         self.engine = ZeroEngine(source, optimizer, comm=comm, groups=groups, stage=stage, **settings)
         if meta:
             meta.finish()
+        self.run = checkpoints.run_identity(self.engine)
+        agree.raise_unless_equal(self.engine.collectives, {"the seed micro_batch() keys randomness to": seed})
         self.announcer = Announcer(self.engine.collectives)
-        device = torch.device("cpu") if on_meta else next(iter(self.params.values())).device
+        self.buffers = BufferSync(model, self.engine.collectives)
+        self.device = device = torch.device("cpu") if on_meta else next(iter(self.params.values())).device
         self.binder = Binder(self.engine, self.params, device, self.announcer)
         self.hooks = None
         if self.binder.sharded:
@@ -90,8 +105,14 @@ class ShardedModel:
             p.register_post_accumulate_grad_hook(partial(self._grad_ready, name))
         self.grads = GradientIntake(self.engine, group_of, self.announcer.announce)
         self._in_backward = self._joining = False
-        self._grad_norm: float | None = None  # clip_grad_norm_() reduced this step's gradients already
-        self._ended: StepResult | None = None  # ... and the step ended there (skipped)
+        self._reduced = False  # this step's gradients were reduced before step() (clip_grad_norm_, gathered)
+        self._grad_norm: float | None = None  # ... and clip_grad_norm_() clipped them to this norm
+        self._ended: StepResult | None = None  # ... or the step ended there (skipped)
+        habits.install(self)
+        if is_torch_optimizer(self.optimizer):
+            attach(self.optimizer, self)
+            if held_state is not None:  # built from a plain torch checkpoint: it stays this run's state
+                self.load_optimizer_state_dict(held_state)
 
     # Backward -------------------------------------------------------------
 
@@ -116,7 +137,7 @@ class ShardedModel:
 
     def _trim(self) -> None:
         if self.trim_heap:
-            heap.release_free_pages()
+            heap.release_if_grown()
 
     def last_backward(self) -> None:
         """Say that the next backward is this step's last: each group's reduction starts as soon as it is done.
@@ -127,12 +148,32 @@ class ShardedModel:
 
     @contextlib.contextmanager
     def not_counted(self) -> Iterator[None]:
-        """Run forward and backward passes whose gradients are dropped (they still join stage 3's gathers)."""
-        self.grads.counted = False
+        """Run forward and backward passes whose gradients (and BatchNorm statistics) are dropped; they still
+        join stage 3's gathers and stages 2-3's reductions."""
+        self.grads.counted = self.buffers.counted = False
         try:
             yield
         finally:
-            self.grads.counted = True
+            self.grads.counted = self.buffers.counted = True
+
+    @contextlib.contextmanager
+    def micro_batch(self, index: int) -> Iterator[None]:
+        """Run micro-batch ``index`` (its position in the step's global batch) with randomness keyed to it.
+
+        torch's generators are seeded from the seed, the step and ``index`` inside, and restored after (``rng``),
+        so dropout draws the same numbers at any world size; BatchNorm's statistics are replayed in ``index``
+        order at the step (``buffers``). Run the forward (and backward) inside.
+        """
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise ValueError(
+                f"micro_batch() takes the micro-batch's index in the global batch (an int >= 0), got {index!r}"
+            )
+        self.buffers.index = index
+        try:
+            with rng.seeded(self.seed, self.engine.step_number, index, self.device):
+                yield
+        finally:
+            self.buffers.index = None
 
     @contextlib.contextmanager
     def join(self) -> Iterator[ShardedModel]:
@@ -162,27 +203,28 @@ class ShardedModel:
     def step(self, closure: Callable[[], object] | None = None) -> StepResult:
         """Average every contribution of every rank, update, and publish (collective).
 
-        Without ``closure``: the gradients of the backward passes run since the last step, kept per backward.
-        With ``closure`` (which runs this rank's forward and backward passes, as for ``torch.optim.LBFGS``):
-        gradients stream into the engine's sum as autograd makes them, inside ``join()``; the rare step whose
-        predicted scales were too small runs the closure again. The result's ``loss`` is what it returned.
+        Without ``closure``: the gradients of the backward passes run since the last step (streamed into the
+        engine's sum as autograd made them; the run's first step holds them, ``grads``). With ``closure`` (which
+        runs this rank's forward and backward passes, as for ``torch.optim.LBFGS``): inside ``join()``; a step
+        that must be redone (the run's first measures its scales) runs the closure again. The result's ``loss``
+        is what it returned.
         """
         if self._in_backward:
             raise StepOrderError("step() called during a backward pass; call it after loss.backward() returns")
         try:
-            if closure is None:
-                return self._finish_step()
-            return self._step_streamed(closure)
+            result = self._finish_step() if closure is None else self._step_streamed(closure)
+            self.buffers.settle()
+            return result
         finally:
             self.grads.reset()
-            self._grad_norm, self._ended = None, None
+            self._reduced, self._grad_norm, self._ended = False, None, None
             self.binder.refresh()
             self._trim()
 
     def _step_streamed(self, closure) -> StepResult:
         self.announcer.announce(Operation.STEP)
-        kept = self.grads.kept_bytes() > 0
-        agree.raise_if_any(self.engine.collectives, _before_closure(kept, self._grad_norm), "step(closure)")
+        problem = _before_closure(self.grads.handed_in, self._reduced)
+        agree.raise_if_any(self.engine.collectives, problem, "step(closure)")
         self.grads.streaming = True
         try:
             while True:
@@ -192,27 +234,42 @@ class ShardedModel:
                 if not result.redo:
                     return dataclasses.replace(result, loss=loss)
                 self.grads.reset()
+                self.buffers.forget()
+                self._reduced, self._ended = False, None  # the pass that ends in a redo is forgotten
         finally:
             self.grads.streaming = False
 
     def _reduce(self) -> StepResult | None:
         """Reduce this step's gradients (the step's result instead, if it ends there: skipped or redo)."""
         self.grads.start_all()
-        return self.engine.finish_reduction()
+        ended = self.engine.finish_reduction()
+        if ended is not None and ended.redo and not self.grads.streaming:  # every rank: the redo is agreed
+            raise ZeroError(
+                f"step {ended.step + 1}: its gradients outgrew the scales predicted from the last step (more than "
+                "about 4x as many backward passes), and without a closure they cannot be handed in again: take "
+                "such a step with zero.step(closure)"
+            )
+        return ended
 
     def _finish_step(self) -> StepResult:
-        if self._grad_norm is None and self._ended is None:
-            ended = self._reduce()
-            if ended is not None:
-                return ended
-            clip = self.engine.config.clip_norm
-            grad_norm = self.engine.clip_grad_norm(clip) if clip is not None else None
-        else:
-            if self._ended is not None:
-                return self._ended
-            grad_norm = self._grad_norm
-        self.announcer.announce(Operation.STEP)
-        return self.engine.apply_update(grad_norm)
+        ended = self._reduce_early()
+        if ended is not None:
+            return ended
+        clip = self.engine.config.clip_norm
+        grad_norm = self._grad_norm
+        if grad_norm is None and clip is not None:
+            grad_norm = self.engine.clip_grad_norm(clip)
+        hyper, fingerprint, problem = self.engine.read_hyper()  # as torch reads them: at the step
+        if not self.announcer.announce(Operation.STEP, fingerprint=fingerprint) or problem is not None:
+            self.engine.raise_hyper_disagreement(hyper, problem)
+        return self.engine.apply_update(grad_norm, hyper)
+
+    def _reduce_early(self) -> StepResult | None:
+        """Reduce this step's gradients unless they were already; the step's result if it ended there (skipped)."""
+        if not self._reduced and self._ended is None:
+            self._ended = self._reduce()
+            self._reduced = self._ended is None
+        return self._ended
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> float:
         """Reduce this step's gradients now and clip them to global L2 norm ``max_norm``; return the norm before.
@@ -223,18 +280,19 @@ class ShardedModel:
         self.announcer.announce(Operation.CLIP)
         problem = _clip_problem(max_norm, norm_type, self.grads.streaming, self._grad_norm)
         agree.raise_if_any(self.engine.collectives, problem, "clip_grad_norm_")
-        ended = self._reduce()
-        if ended is not None:
-            self._ended = ended
+        if self._reduce_early() is not None:
             return math.inf
         self._grad_norm = self.engine.clip_grad_norm(float(max_norm))
         return self._grad_norm
 
     def zero_grad(self) -> None:
-        """Drop this rank's gradients not yet stepped with (``.grad`` is always None: gradients go to the engine)."""
-        if self.grads.started_reducing or self._grad_norm is not None:
+        """Drop the gradients not yet stepped with, on every rank (collective if backward passes ran since the last
+        step: they are in the engine's sum already). ``.grad`` is always None: gradients go to the engine."""
+        if self.grads.started_reducing or self._reduced:
             raise StepOrderError("zero_grad() after this step's reductions started; call step() first")
-        if not self.grads.streaming:
+        if self.grads.handed_in and not self.grads.streaming:
+            self.announcer.announce(Operation.DISCARD)
+            self.engine.discard_step()
             self.grads.reset()
         for p in self.params.values():
             p.grad = None
@@ -242,21 +300,30 @@ class ShardedModel:
     # State ----------------------------------------------------------------
 
     @contextlib.contextmanager
-    def gathered(self, writeback: bool = False) -> Iterator[torch.nn.Module]:
+    def gathered(self, writeback: bool = False, grads: bool = False) -> Iterator[torch.nn.Module]:
         """Show the full parameters in the module's own tensors inside the block (FSDP's ``summon_full_params``).
 
         ``writeback=True``: changes made inside go back into the masters on leaving; every rank must make the
-        same changes (checked). Without it they are dropped. Collective.
+        same changes (checked). Without it they are dropped. ``grads=True``: after this step's backward passes,
+        reduce their gradients now (as ``clip_grad_norm_`` does) and show each parameter's averaged gradient in
+        its ``.grad`` inside the block (copies, for reading: ``step()`` uses the engine's). Collective.
         """
         self.announcer.announce(Operation.GATHERED)
+        if grads:
+            self._reduce_early()
         held = range(len(self.engine.groups)) if self.binder.sharded else range(0)
         for index in held:
             self.binder.acquire(index)
         try:
+            if grads and self._ended is None:
+                state.show_grads(self)
             yield self.model
             if writeback:
                 state.write_back(self)
         finally:
+            if grads:
+                for p in self.params.values():
+                    p.grad = None
             for index in held:
                 self.binder.release(index)
         self.engine.publish()
@@ -277,10 +344,10 @@ class ShardedModel:
         state.load_full_state_dict(self, state_dict)
 
     def memory(self) -> dict[str, int]:
-        """Bytes this rank holds, by kind: the engine's, plus torch-side float32 copies and kept gradients."""
+        """Bytes this rank holds, by kind: the engine's (held gradients among its grads), plus torch-side float32
+        copies of bf16/fp16 parameters."""
         held = self.engine.memory()
         held["torch_params"] = self.binder.torch_bytes()
-        held["kept_grads"] = self.grads.kept_bytes()
         return held
 
     def master_params(self) -> dict:
@@ -288,34 +355,41 @@ class ShardedModel:
         self.announcer.announce(Operation.MASTER_PARAMS)
         return self.engine.master_params()
 
-    def save(self, directory: str, data: dict | None = None, keep: int | None = None) -> str:
+    def save(self, directory: str, data: dict | None = None, keep: int | None = None, scheduler=None) -> str:
         """Write a sharded checkpoint (collective, ``mpizero.checkpoint.store`` format); return its path.
 
         ``data``: JSON values of your own (a data position, a seed), returned by ``load`` as ``["data"]``.
+        ``scheduler``: a learning-rate scheduler whose ``state_dict()`` is saved with it (``checkpoints``).
         """
         self.announcer.announce(Operation.SAVE)
-        training = {
-            "data": dict(data or {}),
-            "step": self.engine.step_count + self.engine.skipped_steps,
-            "optimizer_steps": self.engine.step_count,
-            "skipped_steps": self.engine.skipped_steps,
-        }
-        return store.save(self.engine, directory, training, keep)
+        return checkpoints.save(self, directory, data, keep, scheduler)
 
-    def load(self, path: str) -> dict:
-        """Restore a checkpoint saved at any world size and stage (collective); return its training state."""
+    def load(self, path: str, overrides: Sequence[str] = (), scheduler=None) -> dict:
+        """Restore a checkpoint saved at any world size and stage (collective); return its training state.
+
+        ``path``: a checkpoint, or the directory ``save`` was given (its newest complete checkpoint). A
+        ``torch.optim`` optimizer gets its saved hyper-parameters back, and ``scheduler`` its saved state.
+        ``overrides``: hyper-parameters of mpizero's own optimizers that may differ from the checkpoint's.
+        """
         self.announcer.announce(Operation.LOAD)
-        training = store.load(self.engine, path).training
-        self.engine.step_count, self.engine.skipped_steps = training["optimizer_steps"], training["skipped_steps"]
-        self.binder.refresh()
-        return training
+        return checkpoints.load(self, path, overrides, scheduler)
+
+    def optimizer_state_dict(self) -> dict:
+        """The optimizer's whole state in torch's format, on every rank (``optimizer.state_dict()``; collective)."""
+        self.announcer.announce(Operation.OPTIMIZER_STATE_DICT)
+        return optim_state.full_optimizer_state(self)
+
+    def load_optimizer_state_dict(self, state_dict: dict) -> None:
+        """Load a torch-format optimizer state dict, the same on every rank (``optimizer.load_state_dict``)."""
+        self.announcer.announce(Operation.LOAD_OPTIMIZER_STATE_DICT)
+        optim_state.load_optimizer_state(self, state_dict)
 
 
-def _before_closure(kept: bool, grad_norm: float | None) -> str | None:
-    if kept:
+def _before_closure(handed_in: bool, reduced: bool) -> str | None:
+    if handed_in:
         return "backward passes ran before step(closure); run them inside the closure, or call step() for them"
-    if grad_norm is not None:
-        return "clip_grad_norm_() before step(closure); pass clip_norm= to shard() instead"
+    if reduced:
+        return "clip_grad_norm_() or gathered(grads=True) before step(closure); pass clip_norm= to shard() instead"
     return None
 
 

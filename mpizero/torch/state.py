@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from mpizero.comm import agree
+from mpizero.core.arrays import to_host
 from mpizero.torch.tensors import as_array
 
 
@@ -25,7 +26,7 @@ def full_state_dict(zero, to_all_ranks: bool) -> dict | None:
     canonical = {id(p): name for name, p in zero.params.items()}
     masters: dict[str, np.ndarray] = {}
     for index in range(len(zero.engine.groups)):
-        group = zero.engine.master_group(index)
+        group = zero.engine.state_group(index, "master")
         if to_all_ranks or zero.engine.comm.Get_rank() == 0:
             masters.update(group)
     if not (to_all_ranks or zero.engine.comm.Get_rank() == 0):
@@ -54,7 +55,7 @@ def load_full_state_dict(zero, state_dict) -> None:
     for key, value in expected.items():
         key_of.setdefault(canonical.get(id(value)), key)
     for index, group in enumerate(zero.engine.groups):
-        zero.engine.set_master(index, {n: _host32(state_dict[key_of[n]]) for n in group.layout.names})
+        zero.engine.set_state(index, "master", {n: _host32(state_dict[key_of[n]]) for n in group.layout.names})
     with torch.no_grad():
         for key, value in expected.items():
             if id(value) not in canonical:
@@ -69,7 +70,7 @@ def write_back(zero) -> None:
     shown = (t for group in tensors for t in group.values())
     agree.raise_unless_equal(zero.engine.collectives, {"the parameters after gathered(writeback=True)": digest(shown)})
     for index, group in enumerate(tensors):
-        zero.engine.set_master(index, {name: as_array(t) for name, t in group.items()})
+        zero.engine.set_state(index, "master", {name: to_host(as_array(t)) for name, t in group.items()})
 
 
 def _problem(state_dict, expected, full_shapes: dict) -> str | None:
@@ -106,3 +107,11 @@ def digest(tensors) -> str:
     for tensor in tensors:
         h.update(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def show_grads(zero) -> None:
+    """Set each trainable parameter's ``.grad`` to a copy of its averaged gradient, gathered (collective)."""
+    for index in range(len(zero.engine.groups)):
+        for name, full in zero.engine.state_group(index, "grad").items():
+            param = zero.params[name]
+            param.grad = torch.from_numpy(full).to(param.device)

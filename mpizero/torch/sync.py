@@ -43,6 +43,9 @@ class Operation(enum.IntEnum):
     MASTER_PARAMS = 9
     REDUCE_ROUND = 10
     REDUCE = 11
+    DISCARD = 12
+    OPTIMIZER_STATE_DICT = 13
+    LOAD_OPTIMIZER_STATE_DICT = 14
 
 
 DESCRIBED = {
@@ -58,6 +61,9 @@ DESCRIBED = {
     Operation.MASTER_PARAMS: "called master_params()",
     Operation.REDUCE_ROUND: "reduce-scattered a backward's gradients",
     Operation.REDUCE: "called step() or clip_grad_norm_(), reducing the step's gradients",
+    Operation.DISCARD: "called zero_grad() after backward passes, dropping them",
+    Operation.OPTIMIZER_STATE_DICT: "called optimizer.state_dict()",
+    Operation.LOAD_OPTIMIZER_STATE_DICT: "called optimizer.load_state_dict()",
 }
 SHADOWED = (Operation.GATHER, Operation.REDUCE_ROUND)  # what joined ranks take part in
 BY_GROUP = (*SHADOWED, Operation.REDUCE)  # operations on one group, named with it
@@ -69,23 +75,28 @@ class Announcer:
     def __init__(self, collectives) -> None:
         self.collectives = collectives
 
-    def announce(self, operation: Operation, detail: int = 0) -> None:
-        """Announce ``operation`` (on group ``detail``) to every rank; raise on every rank if ranks differ."""
-        self._exchange(operation, detail)
+    def announce(self, operation: Operation, detail: int = 0, fingerprint: int = 0) -> bool:
+        """Announce ``operation`` (on group ``detail``) to every rank; raise on every rank if ranks differ.
 
-    def _exchange(self, operation: Operation, detail: int) -> tuple[bool, Operation | None, int]:
-        """One announcement: (any rank joined, the active ranks' operation or None if all joined, its detail)."""
+        ``fingerprint``: a value every rank should hold the same (a digest); return whether every rank did.
+        """
+        return self._exchange(operation, detail, fingerprint)[3]
+
+    def _exchange(self, operation: Operation, detail: int, fingerprint: int = 0):
+        """One announcement: (any rank joined, the active ranks' operation or None if all joined, its detail,
+        whether the active ranks' fingerprints are equal)."""
         active = operation is not Operation.JOINED
-        mine = [int(operation), -int(operation), detail, -detail] if active else [NOTHING] * 4
+        fields = (int(operation), detail, fingerprint)
+        mine = [v for field in fields for v in (field, -field)] if active else [NOTHING] * 6
         row = np.array([not active, *mine], dtype=np.int64)
-        any_joined, high, low, detail_high, detail_low = self.collectives.allreduce_array(
+        any_joined, high, low, detail_high, detail_low, print_high, print_low = self.collectives.allreduce_array(
             row, MPI.MAX, "announcement of the next collective operation"
         ).tolist()
         if high == NOTHING:
-            return True, None, 0
+            return True, None, 0, True
         if high != -low or detail_high != -detail_low or (any_joined and high not in SHADOWED):
             self._raise_mismatch(operation, detail)
-        return bool(any_joined), Operation(high), detail_high
+        return bool(any_joined), Operation(high), detail_high, print_high == -print_low
 
     def _raise_mismatch(self, operation: Operation, detail: int) -> None:
         """Name what every rank announced; raise the same error on every rank."""
@@ -105,7 +116,7 @@ class Announcer:
         """As a joined rank: take part in the other ranks' gathers and reductions (``shadows[operation](group)``)
         until every rank has joined."""
         while True:
-            _, operation, group = self._exchange(Operation.JOINED, 0)
+            _, operation, group, _ = self._exchange(Operation.JOINED, 0)
             if operation is None:
                 return
             shadows[operation](group)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import weakref
 
+import ml_dtypes
 import numpy as np
 import torch
 
@@ -28,6 +29,26 @@ def as_array(tensor: torch.Tensor):
     if tensor.device.type != "cpu":
         raise ZeroError(f"mpizero.torch holds CPU or CUDA tensors, got one on {tensor.device}")
     return tensor.numpy()
+
+
+def host_copy(tensor: torch.Tensor) -> np.ndarray:
+    """A NumPy copy of any tensor's values on the host, bfloat16 included (as ml_dtypes' bfloat16)."""
+    cpu = tensor.detach().to("cpu").contiguous()
+    if cpu.dtype == torch.bfloat16:
+        return cpu.view(torch.uint16).numpy().view(ml_dtypes.bfloat16).copy()
+    return cpu.numpy().copy()
+
+
+def host_dtype(dtype: torch.dtype) -> np.dtype:
+    """The NumPy dtype ``host_copy`` gives a tensor of ``dtype``."""
+    return np.dtype(ml_dtypes.bfloat16) if dtype == torch.bfloat16 else torch.empty(0, dtype=dtype).numpy().dtype
+
+
+def from_host(array: np.ndarray) -> torch.Tensor:
+    """``host_copy``'s inverse: a CPU tensor of ``array``'s values."""
+    if array.dtype == np.dtype(ml_dtypes.bfloat16):
+        return torch.from_numpy(array.view(np.uint16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(array.copy())
 
 
 def as_tensor(array) -> torch.Tensor:

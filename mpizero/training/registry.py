@@ -20,7 +20,7 @@ import numpy as np
 from mpizero.core import formulas
 from mpizero.core.optim import OPTIMIZERS
 from mpizero.core.precision import PRECISIONS
-from mpizero.core.reduction import REDUCTIONS
+from mpizero.core.reduce.reduction import REDUCTIONS
 from mpizero.core.stages import STAGES
 from mpizero.training.datasets import Corpus, Digits
 from mpizero.training.mlp import MLP

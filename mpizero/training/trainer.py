@@ -169,9 +169,9 @@ class Trainer:
     def _hand_in(self, group: int, grads: dict | None, last_round: bool) -> None:
         """Give a group's gradients of this round to the engine as soon as backward has completed them."""
         if self.reduce_each_round:
-            self.engine.reduce_round(group, grads)
+            self.engine.reduce_round(group, grads, keep="reference", can_redo=True)  # the step can run again
         elif grads is not None:
-            self.engine.accumulate(grads, groups=[group])
+            self.engine.accumulate(grads, groups=[group], keep="reference", can_redo=True)
         if last_round:
             self.engine.start_reduce(group)
 

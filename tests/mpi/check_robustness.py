@@ -131,18 +131,23 @@ if size > 1:
     )
     del os.environ["MPIZERO_REDUCE_SCATTER"]
 
-# Gradients accumulated before step(list): a needed redo is handed back to the caller, never half-done.
-mixed = ZeroEngine({"w": np.ones(4, np.float32)}, Adam(lr=0.1), comm=comm, stage=2)
-mixed_reference = Reference({"w": np.ones(4, np.float32)}, Adam(lr=0.1))
+# Gradients accumulated before step(list) with no scale predicted yet: held (copied) and the step taken whole; a
+# caller that can hand them in again (can_redo) gets a measuring pass and redo instead. Both equal the reference.
 first, second = {"w": np.full(4, 0.5 + rank, np.float32)}, {"w": np.full(4, -0.25 * rank, np.float32)}
-mixed.accumulate(first)
-assert mixed.step([second]).redo  # the first step has no predicted scale: the accumulated gradients were measured
-mixed.accumulate(first)
-assert not mixed.step([second]).redo
+mixed_reference = Reference({"w": np.ones(4, np.float32)}, Adam(lr=0.1))
 mixed_reference.step(
     [g for r in range(size) for g in ({"w": np.full(4, 0.5 + r, np.float32)}, {"w": np.full(4, -0.25 * r, np.float32)})]
 )
-assert mixed.master_params()["w"].tobytes() == mixed_reference.params["w"].tobytes()
+held = ZeroEngine({"w": np.ones(4, np.float32)}, Adam(lr=0.1), comm=comm, stage=2)
+held.accumulate(first)
+assert not held.step([second]).redo
+redoing = ZeroEngine({"w": np.ones(4, np.float32)}, Adam(lr=0.1), comm=comm, stage=2)
+redoing.accumulate(first, can_redo=True)
+assert redoing.step([second]).redo  # measured only: the caller hands the step in again
+redoing.accumulate(first, can_redo=True)
+assert not redoing.step([second]).redo
+for engine in (held, redoing):
+    assert engine.master_params()["w"].tobytes() == mixed_reference.params["w"].tobytes()
 
 # Accumulated and round-reduced gradients of one group cannot be mixed in one step: an agreed error, no data lost.
 rounds = ZeroEngine({"w": np.ones(4, np.float32)}, SGD(lr=0.1), comm=comm, stage=2)

@@ -20,11 +20,12 @@ import math
 
 import numpy as np
 
-from mpizero.core import fused
 from mpizero.core.arrays import CHUNK, array_module
+from mpizero.core.reduce import fused
 
 SUM_BITS = 62
 FLOAT32_BITS = 24
+INF_BITS = 0x7F800000  # float32 inf with the sign cleared: every finite magnitude's bits are below it
 
 
 def exponent_for(max_abs: float, count: int) -> int:
@@ -50,54 +51,32 @@ def max_abs(x) -> float:
     return largest if math.isfinite(largest) else math.inf
 
 
-def max_abs_each(arrays) -> np.ndarray:
-    """``max_abs`` of each array, as float64; device arrays cost one device-to-host copy in all, not one each."""
-    xp = array_module(arrays[0]) if arrays else np
-    if xp is np:
-        return np.array([max_abs(a) for a in arrays], dtype=np.float64)
-    largest = fused.device_max_abs(xp, arrays)
-    return np.where(np.isfinite(largest), largest, np.inf)
+def magnitude_of_bits(bits: int) -> float:
+    """The float32 magnitude whose bit pattern (sign cleared) is ``bits``; inf for NaN and Inf patterns."""
+    return math.inf if bits >= INF_BITS else float(np.uint32(bits).view(np.float32))
 
 
-def sum_into(total, sources, k: int) -> None:
-    """Write ``sum(rint(x * 2**k) for x in sources)`` (float32 sources) into the int64 array ``total``."""
-    if not sources:
-        total[...] = 0
-    for index, x in enumerate(sources):
-        add_into(total, x, k, assign=index == 0)
+def float32_bits_of_power(exponent: int) -> int:
+    """The bit pattern of the float32 ``2**exponent``: inf's above float32's range, 0 below its smallest subnormal."""
+    if exponent > 127:
+        return INF_BITS
+    if exponent < -149:
+        return 0
+    return int(np.float32(math.ldexp(1.0, exponent)).view(np.uint32))
 
 
-def add_into(total, x, k: int, assign: bool = False) -> None:
-    """Add ``rint(x * 2**k)`` (float32 ``x``, flat) to the int64 array ``total`` (``assign``: write it instead).
-
-    ``x * 2**k`` is exact in float32: it stays below 2**62 when k comes from an
-    agreed maximum, and anything small enough to underflow rounds to 0 either
-    way. A value beyond the scale's range (a pass that will be redone, or a
-    non-finite gradient that will be refused) may wrap; it is never decoded.
-    Host arrays go in cache-sized chunks; device arrays in one fused kernel (``fused``).
-    """
-    xp = array_module(total)
-    if xp is not np:
-        fused.device_add_into(xp, total, x, k, assign)
+def rescale(total, shift: int) -> None:
+    """Divide the int64 array ``total`` by ``2**shift`` in place, rounding half to even (a coarser scale)."""
+    if shift <= 0:
         return
-    n = total.size
-    scaled = xp.empty(min(n, CHUNK), dtype=np.float32)
-    as_int = xp.empty(min(n, CHUNK), dtype=np.int64)
-    factor = np.float32(math.ldexp(1.0, k)) if -126 <= k <= 127 else None  # a float32 power of two: exact
-    with np.errstate(over="ignore", invalid="ignore"):
-        for start in range(0, n, CHUNK):
-            stop = min(start + CHUNK, n)
-            tmp, tmp_int = scaled[: stop - start], as_int[: stop - start]
-            if factor is None:
-                xp.ldexp(x[start:stop], k, out=tmp)
-            else:
-                xp.multiply(x[start:stop], factor, out=tmp)  # twice as fast as ldexp, the same bits
-            xp.rint(tmp, out=tmp)
-            if assign:
-                total[start:stop] = tmp
-            else:
-                tmp_int[...] = tmp
-                total[start:stop] += tmp_int
+    if shift >= 64:  # |total| < 2**63: below half of 2**shift
+        total[...] = 0
+        return
+    floor = total >> np.int64(shift)
+    remainder = total - (floor << np.int64(shift))  # in [0, 2**shift)
+    half = np.int64(1) << np.int64(shift - 1)
+    up = (remainder > half) | ((remainder == half) & (floor & 1 == 1))
+    total[...] = floor + up
 
 
 def decode(total, k: int, count: int, out) -> None:

@@ -13,8 +13,8 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from mpizero.core import exact
 from mpizero.core.arrays import array_module
+from mpizero.core.reduce import exact
 
 
 def squares_exponent(max_abs: float, numel: int) -> int:

@@ -1,0 +1,217 @@
+"""One flat group's gradients during a step: streamed into the int64 sum, kept beyond the cap, reduced, decoded.
+
+Glossary (with ``group``'s, these names and no others):
+
+- local grads: this rank's contributions summed in the reduction's wire dtype
+  (int64 for ``exact``), padded numel; kept between steps unless gradients are
+  sharded (stages 0-1).
+- round: one backward pass's contribution of the group, summed over ranks at
+  once (stages 2-3 when gradients stream in round by round). On one host each
+  rank adds its encoded block for each owner straight into that owner's
+  accumulator (``OwnerSums``); elsewhere it is encoded into a round buffer and
+  reduce-scattered by MPI.
+- streamed sum: the sum over ranks of the encoded contributions over this rank's
+  owned range, at the step's predicted scales (``reduced``; on one host, this
+  rank's accumulator of the owner sums).
+- kept: elements the stream left out (beyond the cap, or a tensor with no
+  prediction), held as float32 arrays until the step's scales are agreed, then
+  encoded at the chosen scales and reduced in one more collective.
+- grad shard: the averaged float32 gradient over the owned range.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from mpizero.core.reduce import exact
+from mpizero.core.stages import GradientCollective
+
+
+class Keep(enum.Enum):
+    """How to hold the arrays whose elements a contribution's stream left out, until the step's scales are agreed."""
+
+    COPY = "copy"  # the caller may write its arrays again: hold a copy
+    REFERENCE = "reference"  # the caller gives its arrays up: hold them
+
+
+class GroupGradients:
+    """The gradient buffers of one flat group on one rank, through one step."""
+
+    def __init__(self, layout, plan, xp, segments) -> None:
+        self.layout, self.plan, self.partition, self.xp = layout, plan, plan.partition, xp
+        self.segments = segments  # (tensor index, start, stop) of each tensor's piece, owned-relative
+        start, stop = plan.owned_range
+        self.grad_shard = xp.zeros(stop - start, dtype=np.float32)
+        self.local_grads = self.reduced = self.pending_reduce = self.pending_result = None
+        self.sums = None  # on one host: the node-shared accumulators rounds are summed into (the communicator's)
+        self.kept: dict[int, list] = {}  # tensor index -> [(array, lowest magnitude bits left out)]
+        self.accumulated, self.rounds_reduced, self.decoded = False, 0, False  # this step's progress
+
+    @property
+    def scatters(self) -> bool:
+        return self.plan.gradient_collective is GradientCollective.REDUCE_SCATTER
+
+    def _on_arena(self, collectives) -> bool:
+        """Whether this group's gradients are summed out of a node-shared arena (host buffers, one host)."""
+        return collectives.shared and self.xp is np
+
+    def keep_local_grads(self, collectives, reduction) -> None:
+        """Allocate the local grads kept between steps (stages 0-1; collective where shared: at set-up)."""
+        if self.plan.keeps_local_grads:
+            padded, wire = self.partition.padded_numel, reduction.wire_dtype
+            on_arena = self._on_arena(collectives)
+            self.local_grads = (
+                collectives.shared_buffer(padded, wire, id(self)) if on_arena else self.xp.zeros(padded, dtype=wire)
+            )
+
+    def accumulate(self, reduction, grads, predictions, keep: Keep, measure: bool) -> tuple[list, list]:
+        """Fold one contribution into the local grads (no communication); return its maxima and left-out counts."""
+        if self.local_grads is None:
+            self.local_grads = self.xp.empty(self.partition.padded_numel, dtype=reduction.wire_dtype)
+        found = reduction.encode(self.local_grads, grads, self.layout, predictions, not self.accumulated)
+        self._keep(grads, predictions, found[1], keep, measure)
+        self.accumulated = True
+        return found
+
+    def reduce_round(self, collectives, reduction, grads, predictions, keep: Keep, measure: bool):
+        """Sum one round's contribution (or zeros) over ranks into the streamed sum (collective where anything
+        streams: every rank computes the same ``predictions``); return its maxima and left-out counts, or None."""
+        if not any(p is not None for p in predictions):  # nothing to sum this pass: measure or keep only
+            found = None if grads is None else reduction.measure(grads, self.layout.specs)
+        else:
+            sums = (
+                collectives.owner_sums(id(self), self.grad_shard.size, reduction.wire_dtype) if self.xp is np else None
+            )
+            round_ = self._push_round if sums is not None else self._scatter_round
+            found = round_(collectives, reduction, grads, predictions, sums)
+            self.rounds_reduced += 1
+        if found is not None:
+            self._keep(grads, predictions, found[1], keep, measure)
+        return found
+
+    def _push_round(self, collectives, reduction, grads, predictions, sums):
+        """Add this rank's block for each owner into that owner's accumulator (one host: ``OwnerSums``)."""
+        tops, outside = [0] * len(self.layout.specs), [0] * len(self.layout.specs)
+        first = self.rounds_reduced == 0
+
+        def add_block(owner: int, accumulator) -> None:
+            start, _ = self.partition.shard_range(owner)
+            assign = first and owner == self.plan.rank  # each owner starts its sum, before anyone adds to it
+            if grads is None:
+                if assign:
+                    accumulator[...] = 0
+                return
+            found = reduction.encode(accumulator, grads, self.layout, predictions, assign, start)
+            for index, (top, left) in enumerate(zip(*found)):
+                tops[index], outside[index] = max(tops[index], top), outside[index] + left
+
+        full_bytes = self.partition.padded_numel * reduction.wire_dtype.itemsize
+        collectives.push_reduce(sums, add_block, full_bytes)
+        self.sums, self.reduced = sums, sums.own
+        return None if grads is None else (tops, outside)
+
+    def _scatter_round(self, collectives, reduction, grads, predictions, _):
+        """Encode this rank's contribution into a round buffer and reduce-scatter it (several hosts: out of each
+        node's shared arena in two levels where the paths say so, else by MPI)."""
+        padded, wire = self.partition.padded_numel, reduction.wire_dtype
+        on_arena = self._on_arena(collectives)
+        buffer = collectives.shared_buffer(padded, wire) if on_arena else self.xp.empty(padded, dtype=wire)
+        found = None
+        if grads is None:
+            buffer[...] = 0
+        else:
+            found = reduction.encode(buffer, grads, self.layout, predictions, True)
+        if self.reduced is None:
+            self.reduced = self.xp.empty(self.grad_shard.shape, dtype=wire)
+            collectives.reduce_scatter(buffer, self.reduced)
+        else:
+            collectives.reduce_scatter_add(buffer, self.reduced)
+        return found
+
+    def _keep(self, grads, predictions, outside, keep: Keep, measure: bool) -> None:
+        """Hold the arrays whose elements the stream left out (only those elements are encoded from them later);
+        with ``measure``, a tensor with no prediction is only measured (the step will be redone)."""
+        for index, (spec, prediction, left_out) in enumerate(zip(self.layout.specs, predictions, outside)):
+            if int(left_out) and not (measure and prediction is None):
+                x = grads[spec.name].reshape(-1)
+                held = x if keep is Keep.REFERENCE else x.copy()
+                lowest = 0 if prediction is None else prediction.cap_bits
+                self.kept.setdefault(index, []).append((held, lowest))
+
+    def start_reduce(self, collectives, reduction, blocking: bool, streams: bool) -> None:
+        """Start the one gradient collective of the local grads, unless the sum was reduced round by round or
+        nothing streamed. Every rank calls this for the same groups in the same order."""
+        if self.rounds_reduced or not streams:
+            return
+        padded, wire = self.partition.padded_numel, reduction.wire_dtype
+        local = self.local_grads
+        if self._on_arena(collectives) and not self.plan.keeps_local_grads:
+            local = collectives.shared_buffer(padded, wire)  # the arena's zero-copy sum beats MPI's by far
+            if self.accumulated:
+                local[...] = self.local_grads
+            self.local_grads = None
+        elif local is None:
+            local = self.local_grads = self.xp.empty(padded, dtype=wire)
+        if not self.accumulated:
+            local[...] = 0
+        result = self.xp.empty(self.grad_shard.shape, dtype=wire)
+        self.pending_reduce = self._collective(collectives, local, result, blocking)
+        self.pending_result = result
+
+    def _collective(self, collectives, local, result, blocking: bool):
+        if self.scatters:
+            return collectives.reduce_scatter(local, result, blocking)
+        return collectives.allreduce(local, result, blocking)
+
+    def finish_reduce(self, collectives, reduction, used, chosen, count: int, any_kept) -> None:
+        """Complete the streamed sum, bring it to the chosen scales, add the kept elements (one more collective
+        where any rank kept some), and decode the averaged grad shard (once a step)."""
+        if self.decoded:
+            return
+        if self.pending_reduce is not None:
+            self.pending_reduce.wait()
+            self._add_reduced(self.pending_result)
+        wire = reduction.wire_dtype
+        total = self.reduced if self.reduced is not None else self.xp.zeros(self.grad_shard.shape, dtype=wire)
+        shifts = [0 if p is None else p.k - k for p, k in zip(used, chosen)]
+        reduction.rescale(total, self.segments, shifts)
+        if any(any_kept):
+            buffer = self.xp.empty(self.partition.padded_numel, dtype=wire)
+            reduction.encode_kept(buffer, self.kept, self.layout.specs, chosen, exact.INF_BITS)
+            kept_sum = self.xp.empty(self.grad_shard.shape, dtype=wire)
+            self._collective(collectives, buffer, kept_sum, True)
+            total += kept_sum
+        self.grad_shard[...] = 0
+        for index, lo, hi in self.segments:
+            reduction.decode(total[lo:hi], chosen[index], count, self.grad_shard[lo:hi])
+        self._free_step_buffers()
+        self.decoded = True
+
+    def _add_reduced(self, shard) -> None:
+        if self.reduced is None:
+            self.reduced = shard
+        else:
+            self.reduced += shard
+
+    def end_step(self) -> None:
+        """Complete any collective in flight and forget this step's gradients (used, skipped or to be redone)."""
+        if self.pending_reduce is not None:
+            self.pending_reduce.wait()
+        self._free_step_buffers()
+        self.accumulated, self.rounds_reduced, self.decoded = False, 0, False
+
+    def _free_step_buffers(self) -> None:
+        self.reduced = self.pending_reduce = self.pending_result = None
+        self.kept = {}
+        if not self.plan.keeps_local_grads:
+            self.local_grads = None
+
+    def kept_bytes(self) -> int:
+        return sum(int(a.nbytes) for arrays in self.kept.values() for a, _ in arrays)
+
+    def comm_bytes(self) -> int:
+        """Bytes of this step's gradient buffers (an owner sums accumulator is the communicator's: not counted)."""
+        private = None if self.sums is not None and self.reduced is self.sums.own else self.reduced
+        return sum(0 if b is None else b.nbytes for b in (self.local_grads, private, self.pending_result))

@@ -1,0 +1,188 @@
+"""The host's encode kernel: one pass per tensor, built from ``fused``'s formula by the system C compiler.
+
+The encode reads each float32 element once, keeps the int64 total in the same
+pass, and returns the largest magnitude and how many elements it left out, so
+no second pass over the gradient finds its maximum. It is compiled at first use
+(``cc``, or ``$CC``) into a shared library cached under ``~/.cache/mpizero``
+(``MPIZERO_CACHE_DIR``), with the x86-64-v4 (AVX-512) loop picked at load time
+where the CPU has it. Where no compiler works, or ``MPIZERO_HOST_KERNELS=numpy``
+is set, NumPy evaluates the same formula chunk by chunk: the same bits
+(``tests/test_kernels.py``), slower. Scales outside float32's exponent range,
+which need ``ldexp``, always take the NumPy path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import math
+import os
+import platform
+import secrets
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from mpizero.core.arrays import CHUNK
+from mpizero.core.reduce import fused
+
+ENV_VAR = "MPIZERO_HOST_KERNELS"
+CACHE_ENV_VAR = "MPIZERO_CACHE_DIR"
+FLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off"]
+LOOP = """    for (size_t i = 0; i < n; i++) {{
+        float v = x[i];
+        uint32_t b;
+        memcpy(&b, &v, 4);
+        b &= 0x7fffffffu;
+        top = b > top ? b : top;
+        int inside = (b >= lo) & (b < hi);
+        outside += !inside;
+        total[i] = {statement};
+    }}
+"""
+SOURCE = (
+    """#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define MZ_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MZ_CLONES
+#endif
+
+MZ_CLONES
+int64_t mz_encode(int64_t *restrict total, const float *restrict x, size_t n, float f, uint32_t lo, uint32_t hi,
+                  int assign, uint32_t *top_out) {
+    uint32_t top = 0;
+    int64_t outside = 0;
+    if (assign) {
+"""
+    + LOOP.format(statement=fused.encode(fused.HOST_C_OPS, "0", "v", "f"))
+    + "    } else {\n"
+    + LOOP.format(statement=fused.encode(fused.HOST_C_OPS, "total[i]", "v", "f"))
+    + """    }
+    *top_out = top;
+    return outside;
+}
+"""
+)
+
+
+def encode(total, x, k: int, lo: int, hi: int, assign: bool) -> tuple[int, int]:
+    """``total (+)= rint(x * 2**k)`` where ``x``'s magnitude bits lie in ``[lo, hi)`` (flat float32 ``x``, int64
+    ``total``); return the largest magnitude's bits and how many elements lay outside."""
+    library = _library()[0]
+    if library is None or not -126 <= k <= 127 or x.size == 0:
+        return numpy_encode(total, x, k, lo, hi, assign)
+    top = ctypes.c_uint32()
+    outside = library.mz_encode(
+        _address(total), _address(x), x.size, np.float32(math.ldexp(1.0, k)), lo, hi, int(assign), ctypes.byref(top)
+    )
+    return top.value, outside
+
+
+def numpy_encode(total, x, k: int, lo: int, hi: int, assign: bool) -> tuple[int, int]:
+    """``encode``'s formula evaluated by NumPy in cache-sized chunks (the fallback, and what tests compare with)."""
+    n, top, outside = x.size, 0, 0
+    size = min(n, CHUNK)
+    bits, left_out, scaled, whole = (np.empty(size, t) for t in (np.uint32, bool, np.float32, np.int64))
+    ops = fused.numpy_ops(k)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for start in range(0, n, CHUNK):
+            stop = min(start + CHUNK, n)
+            m = stop - start
+            piece, b, out, tmp, tmp_int = x[start:stop], bits[:m], left_out[:m], scaled[:m], whole[:m]
+            np.bitwise_and(piece.view(np.uint32), np.uint32(0x7FFFFFFF), out=b)
+            top = max(top, int(b.max()))
+            np.greater_equal(b, hi, out=out)
+            if lo:
+                out |= b < lo
+            left = int(np.count_nonzero(out))
+            outside += left
+            np.rint(ops.ldexp(piece, k), out=tmp)
+            if left:
+                np.copyto(tmp, 0.0, where=out)
+            if assign:
+                total[start:stop] = tmp
+            else:
+                tmp_int[...] = tmp
+                total[start:stop] += tmp_int
+    return top, outside
+
+
+def top_bits(x) -> int:
+    """The largest magnitude's bit pattern of a flat float32 array (NaN's above inf's)."""
+    pieces = (x[start : start + CHUNK].view(np.uint32) & np.uint32(0x7FFFFFFF) for start in range(0, x.size, CHUNK))
+    return max((int(bits.max()) for bits in pieces), default=0)
+
+
+def backend() -> str:
+    """Which encode the host runs: the compiled kernel (and its compiler), or NumPy and why."""
+    return _library()[1]
+
+
+def _address(array) -> int:
+    if not array.flags.c_contiguous:
+        raise ValueError(f"the encode kernel needs contiguous arrays, got strides {array.strides}")
+    return array.__array_interface__["data"][0]
+
+
+@functools.cache
+def _library() -> tuple[ctypes.CDLL | None, str]:
+    """The compiled kernel library and a description, or None and the reason NumPy is used."""
+    if os.environ.get(ENV_VAR) == "numpy":
+        return None, f"numpy ({ENV_VAR}=numpy)"
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None, "numpy (no C compiler found)"
+    try:
+        path = _compiled(compiler)
+        library = ctypes.CDLL(str(path))
+    except (OSError, subprocess.SubprocessError) as error:
+        return None, f"numpy ({compiler} failed: {str(error).splitlines()[0][:120]})"
+    library.mz_encode.restype = ctypes.c_int64
+    library.mz_encode.argtypes = [
+        *(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_float),
+        *(ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_uint32)),
+    ]
+    return library, f"compiled ({Path(compiler).name})"
+
+
+def _compiled(compiler: str) -> Path:
+    """The cached library for this source, compiler and machine, compiled first if missing (atomically)."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60, check=True)
+    identity = "\n".join([SOURCE, compiler, version.stdout.splitlines()[0], platform.machine(), *FLAGS])
+    path = _cache_dir() / f"encode-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.so"
+    if path.exists():
+        return path
+    source = path.with_name(f"{path.stem}-{secrets.token_hex(4)}.c")
+    partial = path.with_name(f"{path.stem}-{secrets.token_hex(4)}.so.partial")
+    try:
+        source.write_text(SOURCE)
+        command = [compiler, *FLAGS, str(source), "-o", str(partial), "-lm"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise OSError(f"exit {done.returncode}: {done.stderr.strip()}")
+        os.replace(partial, path)  # atomic: ranks compiling at once each publish a whole library
+    finally:
+        source.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def _cache_dir() -> Path:
+    """Where compiled kernels are kept: ``$MPIZERO_CACHE_DIR``, else ``$XDG_CACHE_HOME/mpizero`` or ``~/.cache``."""
+    chosen = os.environ.get(CACHE_ENV_VAR) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "mpizero"
+    )
+    try:
+        os.makedirs(chosen, exist_ok=True)
+    except OSError:
+        chosen = os.path.join(tempfile.gettempdir(), f"mpizero-{os.getuid()}")
+        os.makedirs(chosen, exist_ok=True)
+    return Path(chosen)

@@ -1,0 +1,145 @@
+"""How local gradients become the averaged gradient: ``exact`` or ``native``.
+
+``exact`` sums int64 fixed-point values (see ``exact``) with one power-of-two
+scale per tensor and step, predicted from the last step (``scales``): the result
+is the same bits whatever order MPI adds in, however tensors are grouped into
+buckets or units, and whatever the number of ranks. ``native`` sums float32 with
+MPI's own SUM: fastest, but MPI's order of additions changes the low bits, so it
+is checked with a tolerance.
+
+``encode(total, grads, layout, predictions, assign, start)`` folds one
+contribution's elements ``[start, start + total.size)`` of the group's padded
+buffer into ``total`` and returns, per tensor, the largest magnitude's float32
+bit pattern and how many elements it left out (beyond the prediction's cap, or
+every element of a tensor with no prediction): those are the caller's to keep.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mpizero.core.arrays import array_module
+from mpizero.core.reduce import exact, fused, kernels, scales
+
+EVERY_FINITE = (0, exact.INF_BITS)  # the magnitude range of every finite float32
+
+
+class ExactReduction:
+    """Fixed-point sum with one power-of-two scale per tensor and step (see ``scales`` for how it is chosen)."""
+
+    wire_dtype = np.dtype(np.int64)
+    bitwise = True
+    result_can_overflow = False  # the mean of values below the agreed maximum is below it
+
+    def predict(self, history: tuple[float, int] | None, headroom: int) -> scales.Prediction | None:
+        return None if history is None else scales.predict(*history, headroom)
+
+    def settle(self, prediction, largest: float, count: int, headroom: int):
+        return scales.settle(prediction, largest, count, headroom)
+
+    def chosen_scale(self, prediction, largest: float, count: int, any_kept: bool) -> int:
+        return scales.chosen_scale(prediction, largest, count, any_kept)
+
+    def encode(self, total, grads, layout, predictions, assign: bool, start: int = 0) -> tuple[list, list]:
+        """Fold one contribution into ``total`` (elements ``start`` on) at each tensor's predicted scale, below
+        its cap; with ``assign``, write the span (zeros beyond the tensors) instead of adding to it."""
+
+        def encode_one(view, x, index: int, first: bool):
+            prediction = predictions[index]  # None: nothing is in range, every element is left out
+            k, cap = (0, 0) if prediction is None else (prediction.k, prediction.cap_bits)
+            return encode_range(view, x, k, 0, cap, first)
+
+        return _spans(total, grads, layout, start, assign, encode_one)
+
+    def measure(self, grads, specs) -> tuple[list, list]:
+        """One contribution's largest magnitudes, every element left out (a pass that encodes nothing)."""
+        flats = [grads[spec.name].reshape(-1) for spec in specs]
+        return [top_bits(x) for x in flats], [x.size for x in flats]
+
+    def encode_kept(self, local, kept, specs, chosen, highest: int) -> None:
+        """Write every kept element into ``local`` at its tensor's chosen scale: ``kept[index]`` lists
+        ``(array, lowest)``, whose elements with magnitude bits in ``[lowest, highest)`` were left out."""
+        local[...] = 0
+        for index, arrays in kept.items():
+            view = local[specs[index].offset : specs[index].stop]
+            for x, lowest in arrays:
+                encode_range(view, x.reshape(-1), chosen[index], lowest, highest, False)
+
+    def rescale(self, reduced, segments, shifts) -> None:
+        """Bring each owned segment of the streamed sum from its predicted scale to its chosen one."""
+        for index, lo, hi in segments:
+            exact.rescale(reduced[lo:hi], shifts[index])
+
+    def decode(self, reduced, scale: int, count: int, out) -> None:
+        exact.decode(reduced, scale, count, out)
+
+
+def _spans(total, grads, layout, start: int, assign: bool, encode_one) -> tuple[list, list]:
+    """Run ``encode_one(view, piece, tensor index, assign)`` on each tensor's piece of ``[start, start + size)``;
+    return per tensor the largest magnitude's bits and the count left out (0 for tensors outside the span)."""
+    stop = start + total.size
+    if assign:
+        total[max(layout.numel, start) - start :] = 0  # the padding
+    tops, outside = [0] * len(layout.specs), [0] * len(layout.specs)
+    for index, spec, lo, hi in layout.overlaps(start, stop):
+        piece = grads[spec.name].reshape(-1)[lo - spec.offset : hi - spec.offset]
+        tops[index], outside[index] = encode_one(total[lo - start : hi - start], piece, index, assign)
+    return tops, outside
+
+
+def encode_range(total, x, k: int, lo: int, hi: int, assign: bool):
+    """One tensor's masked encode on the host kernel or the GPU: (largest magnitude's bits, elements left out)."""
+    xp = array_module(total)
+    if xp is np:
+        return kernels.encode(total, x, k, lo, hi, assign)
+    return fused.device_encode(xp, total, x, k, lo, hi, assign)
+
+
+def top_bits(x):
+    """The largest magnitude's float32 bits of a flat array (a device scalar for device arrays)."""
+    xp = array_module(x)
+    return kernels.top_bits(x) if xp is np else fused.device_top_and_outside(xp, x, *EVERY_FINITE)[0]
+
+
+class NativeReduction:
+    """Float32 sum by MPI's own SUM; divided by the count afterwards. No scales, so nothing is kept or redone."""
+
+    wire_dtype = np.dtype(np.float32)
+    bitwise = False
+    result_can_overflow = True  # a float32 sum of finite values can reach inf
+    EVERYTHING = scales.Prediction(0, 1 << 20, 0)
+
+    def predict(self, history, headroom: int) -> scales.Prediction:
+        return self.EVERYTHING
+
+    def settle(self, prediction, largest: float, count: int, headroom: int):
+        return self.EVERYTHING, False
+
+    def chosen_scale(self, prediction, largest: float, count: int, any_kept: bool) -> int:
+        return 0
+
+    def encode(self, total, grads, layout, predictions, assign: bool, start: int = 0) -> tuple[list, list]:
+        def add_one(view, x, index: int, first: bool):
+            with np.errstate(over="ignore"):  # an overflow becomes inf, which the engine agrees on after the sum
+                if first:
+                    view[...] = x
+                else:
+                    view += x
+            return top_bits(x), 0
+
+        return _spans(total, grads, layout, start, assign, add_one)
+
+    def measure(self, grads, specs) -> tuple[list, list]:
+        return [top_bits(grads[spec.name].reshape(-1)) for spec in specs], [0] * len(specs)
+
+    def encode_kept(self, local, kept, specs, chosen, highest: int) -> None:
+        raise AssertionError("the native reduction keeps nothing")
+
+    def rescale(self, reduced, segments, shifts) -> None:
+        return None
+
+    def decode(self, reduced, scale: int, count: int, out) -> None:
+        out[...] = reduced / np.float32(count)
+
+
+REDUCTIONS = {"exact": ExactReduction(), "native": NativeReduction()}

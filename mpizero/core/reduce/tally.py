@@ -1,0 +1,102 @@
+"""What one rank hands in for one group during a step: its count, largest magnitudes, kept elements, any problem.
+
+Gradients are folded into the sum as they come and then dropped, so the few
+numbers ranks must agree on at the end of the step are kept here as they pass:
+the count, per tensor the largest magnitude (the encode reports it, as a float32
+bit pattern) and whether any element was kept beyond the cap, whether a pass only
+measured, and the first problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from mpizero.core.arrays import to_host
+from mpizero.core.reduce.exact import magnitude_of_bits
+
+GRAD_DTYPE = np.dtype(np.float32)
+FIXED_FIELDS = 5  # count, problem, measured, and the optimizer digest with its negation (the engine's)
+
+
+class GroupTally:
+    """This rank's count of contributions, per-tensor maxima and kept flags, and first problem, for one group."""
+
+    def __init__(self, specs) -> None:
+        self.specs = specs
+        self.count = self.seen = 0
+        self.top_bits = [0] * len(specs)
+        self.kept = [False] * len(specs)
+        self.pending: list = []  # device scalars (top, outside) of contributions not yet copied to the host
+        self.measured = False  # a contribution was only measured (``Engine.accumulate(keep=False)``)
+        self.problem: str | None = None
+
+    def check(self, grads, known_names) -> bool:
+        """Check one contribution's contract; return whether it may be encoded (False once any problem was seen)."""
+        problem = contribution_problem(grads, self.specs, known_names, self.seen)
+        self.seen += 1
+        self.problem = self.problem or problem
+        return self.problem is None
+
+    def record(self, tops, outside) -> None:
+        """Count one contribution: its largest magnitude's bits and how many elements were left out, per tensor."""
+        self.count += 1
+        if tops and not isinstance(tops[0], int):
+            self.pending.append((tops, outside))
+            return
+        self._fold(tops, outside)
+
+    def _fold(self, tops, outside) -> None:
+        for index, (top, left_out) in enumerate(zip(tops, outside)):
+            self.top_bits[index] = max(self.top_bits[index], int(top))
+            self.kept[index] |= int(left_out) > 0
+
+    def note(self, problem: str) -> None:
+        """Record a problem found outside any one contribution (e.g. gradients that are not a list)."""
+        self.problem = self.problem or problem
+
+    @property
+    def maxima(self) -> np.ndarray:
+        """This rank's largest magnitude per tensor (inf where a NaN or Inf was seen)."""
+        self._settle_pending()
+        return np.array([magnitude_of_bits(bits) for bits in self.top_bits], dtype=np.float64)
+
+    def _settle_pending(self) -> None:
+        """Copy every contribution's device maxima to the host in one transfer."""
+        if self.pending:
+            import cupy
+
+            stacked = to_host(cupy.stack([cupy.stack([*tops, *outside]) for tops, outside in self.pending]))
+            count = len(self.specs)
+            for row in stacked.tolist():
+                self._fold(row[:count], row[count:])
+            self.pending = []
+
+    def agreement_row(self, digest: float) -> np.ndarray:
+        """``(count, problem, measured, digest, -digest, kept per tensor, maximum per tensor)``: what
+        ``Collectives.agree`` sums (the count) and maxes (the rest)."""
+        maxima = self.maxima
+        fixed = [self.count, self.problem is not None, self.measured, digest, -digest]
+        return np.array([*fixed, *self.kept, *maxima], dtype=np.float64)
+
+
+def contribution_problem(grads, specs, known_names, index: int) -> str | None:
+    """What is wrong with one contribution for these tensors (None when nothing is)."""
+    if not isinstance(grads, Mapping):
+        return f"contribution {index} is a {type(grads).__name__}, not a dict of gradients"
+    unknown = sorted(set(grads) - set(known_names))
+    if unknown:
+        return f"contribution {index} has gradients for unknown parameters {unknown[:3]}"
+    for spec in specs:
+        g = grads.get(spec.name)
+        if g is None:
+            return f"contribution {index} has no gradient for {spec.name!r}"
+        if not hasattr(g, "dtype") or not hasattr(g, "shape"):
+            return f"contribution {index}: gradient {spec.name!r} is a {type(g).__name__}, not an array"
+        if tuple(g.shape) != spec.shape or g.dtype != GRAD_DTYPE:
+            return (
+                f"contribution {index}: gradient {spec.name!r} is {g.dtype}{list(g.shape)}, "
+                f"expected {GRAD_DTYPE}{list(spec.shape)}"
+            )
+    return None

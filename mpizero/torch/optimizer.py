@@ -1,0 +1,91 @@
+"""A ``torch.optim`` optimizer trained through the engine: SGD, Adam and AdamW, their groups read at every step.
+
+The optimizer the user built stays theirs. Its ``param_groups`` (learning rate,
+betas, weight decay, as a scheduler sets them) are what the engine reads at
+every step (``TorchOptimizer`` names each group's tensors by their canonical
+names); the engine applies torch's formulas (``core.optim.rules``) to its shards.
+``attach`` makes the object's own methods the sharded model's: ``step()``
+takes the step, ``zero_grad()`` drops gradients, ``state_dict()`` and
+``load_state_dict()`` move the whole optimizer state in torch's format, and a
+learning-rate scheduler built on it, before or after ``shard``, sees its steps.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from mpizero.core.optim.rules import AdamRule, SGDRule
+
+SUPPORTED = {torch.optim.SGD: SGDRule, torch.optim.Adam: AdamRule, torch.optim.AdamW: AdamRule}
+
+
+def is_torch_optimizer(optimizer) -> bool:
+    return isinstance(optimizer, torch.optim.Optimizer)
+
+
+class TorchOptimizer:
+    """The engine's view of a ``torch.optim`` optimizer: its rule, and its parameter groups by tensor name."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, canonical: dict[int, str]) -> None:
+        self.torch, self.canonical = optimizer, canonical
+        self.type_name = type(optimizer).__name__
+        self.rule = SUPPORTED.get(type(optimizer), SGDRule)
+        self.problem = _problem(optimizer, canonical)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """The torch optimizer's groups as they are now, each ``params`` as canonical tensor names."""
+        if self.problem is not None:
+            raise ValueError(self.problem)
+        return [
+            {
+                **{k: v for k, v in group.items() if k != "params"},
+                "params": [self.canonical[id(p)] for p in group["params"]],
+            }
+            for group in self.torch.param_groups
+        ]
+
+
+def _problem(optimizer, canonical: dict[int, str]) -> str | None:
+    """What keeps ``optimizer`` from training these parameters through the engine (None when nothing does)."""
+    if type(optimizer) not in SUPPORTED:
+        return (
+            f"{type(optimizer).__module__}.{type(optimizer).__qualname__} is not supported: the engine runs "
+            "torch.optim.SGD, Adam and AdamW (their exact classes), or mpizero.SGD, Adam and AdamW"
+        )
+    for index, group in enumerate(optimizer.param_groups):
+        for p in group["params"]:
+            if id(p) not in canonical:
+                return (
+                    f"parameter group {index} holds a tensor of shape {list(p.shape)} that is not a trainable "
+                    "parameter of the model (frozen, or another model's): build the optimizer on the model's "
+                    "trainable parameters"
+                )
+    return None
+
+
+def attach(optimizer: torch.optim.Optimizer, zero) -> None:
+    """Make ``optimizer``'s ``step``, ``zero_grad``, ``state_dict`` and ``load_state_dict`` the sharded model's.
+
+    ``step`` carries the mark torch's schedulers put on a step they track, and sets the flag they read, so a
+    scheduler works whether it was built before ``shard`` or after.
+    """
+
+    def step(self, closure=None):
+        self._opt_called = True  # what a scheduler's own wrapper would set
+        return zero.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        zero.zero_grad()
+
+    def state_dict(self) -> dict:
+        return zero.optimizer_state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        zero.load_optimizer_state_dict(state_dict)
+
+    step._wrapped_by_lr_sched = True
+    for method in (step, zero_grad, state_dict, load_state_dict):
+        setattr(optimizer, method.__name__, types.MethodType(method, optimizer))

@@ -1,0 +1,91 @@
+"""The host's compiled encode gives NumPy's bytes, counts and maxima, and falls back to NumPy where it cannot."""
+
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpizero.core.reduce import exact, kernels
+
+SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-40, 3e38, 0.5, -1.5, 2.5], dtype=np.float32)
+needs_compiler = pytest.mark.skipif(
+    not kernels.backend().startswith("compiled"), reason=f"no compiled kernel here: {kernels.backend()}"
+)
+
+
+def gradients(seed: int, n: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-40, 30, n)).astype(np.float32)
+    x[: min(n, SPECIAL.size)] = SPECIAL[: min(n, SPECIAL.size)]
+    return rng.permutation(x)
+
+
+@needs_compiler
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(0, 3000),
+    k=st.integers(-126, 127),
+    lo=st.integers(0, exact.INF_BITS),
+    width=st.integers(0, 2**32),
+    assign=st.booleans(),
+)
+def test_the_compiled_encode_gives_numpys_bytes(seed, n, k, lo, width, assign):
+    x = gradients(seed, n)
+    hi = min(lo + width, 2**32 - 1)
+    start = np.random.default_rng(seed).integers(-(2**40), 2**40, n)
+    compiled, numpy = start.copy(), start.copy()
+    found = kernels.encode(compiled, x, k, lo, hi, assign)
+    assert found == kernels.numpy_encode(numpy, x, k, lo, hi, assign)
+    bits = x.view(np.uint32) & np.uint32(0x7FFFFFFF)
+    inside = (bits >= lo) & (bits < hi)
+    assert found[1] == int(np.count_nonzero(~inside))
+    assert found[0] == (int(bits.max()) if n else 0)
+    in_reach = ~inside | (np.abs(np.ldexp(x.astype(np.float64), k)) < 2.0**62)  # beyond it: a pass to be redone
+    assert compiled[in_reach].tobytes() == numpy[in_reach].tobytes()
+    expected = np.where(inside, np.rint(np.ldexp(x.astype(np.float64), k)), 0.0)
+    base = 0 if assign else start
+    assert (compiled - base)[inside & in_reach].tolist() == expected[inside & in_reach].astype(np.int64).tolist()
+
+
+def test_scales_beyond_float32s_exponents_take_numpys_ldexp():
+    x = np.array([2.0**-100, -(2.0**-120), 3.0 * 2.0**-140], dtype=np.float32)
+    total = np.zeros(3, np.int64)
+    assert kernels.encode(total, x, 160, 0, exact.INF_BITS, True) == (int(x.view(np.uint32)[0]), 0)
+    assert total.tolist() == [2**60, -(2**40), 3 * 2**20]
+
+
+def test_numpy_is_used_when_asked_or_without_a_compiler(tmp_path):
+    script = "from mpizero.core.reduce import kernels; print(kernels.backend())"
+    for env, expected in [
+        ({kernels.ENV_VAR: "numpy"}, "numpy (MPIZERO_HOST_KERNELS=numpy)"),
+        ({"CC": "/nonexistent/cc"}, "numpy (/nonexistent/cc failed"),
+    ]:
+        full = {**os.environ, **env, kernels.CACHE_ENV_VAR: str(tmp_path)}
+        done = subprocess.run([sys.executable, "-c", script], env=full, capture_output=True, text=True, timeout=120)
+        assert done.stdout.startswith(expected), (done.stdout, done.stderr)
+
+
+@needs_compiler
+def test_the_library_is_compiled_once_into_the_cache(tmp_path):
+    script = "from mpizero.core.reduce import kernels; print(kernels.backend())"
+    env = {**os.environ, kernels.CACHE_ENV_VAR: str(tmp_path)}
+    runs = [
+        subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True) for _ in range(3)
+    ]
+    assert all(run.communicate(timeout=300)[0].startswith("compiled") for run in runs)
+    assert [p.suffix for p in tmp_path.iterdir()] == [".so"]  # three compiled at once: one library, nothing left over
+    first = next(tmp_path.iterdir()).stat().st_mtime_ns
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120, capture_output=True)
+    assert next(tmp_path.iterdir()).stat().st_mtime_ns == first  # reused, not compiled again
+
+
+def test_the_maximum_comes_back_as_a_magnitude():
+    x = np.array([1.0, -7.5, 2.0], dtype=np.float32)
+    top, _ = kernels.encode(np.zeros(3, np.int64), x, 0, 0, exact.INF_BITS, True)
+    assert exact.magnitude_of_bits(top) == 7.5 and exact.magnitude_of_bits(exact.INF_BITS) == math.inf
