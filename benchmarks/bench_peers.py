@@ -7,7 +7,9 @@ global batch ``--batch``, fp32, one thread per rank. Each configuration runs onc
 (backward passes per rank and step), each run in its own ``mpiexec -n RANKS`` job; the table gives, per count,
 the median step time after warm-up and its ratio to DDP's, then, for the first count, the largest peak RSS of any
 rank and the largest peak RSS above that rank's RSS once torch was imported and the model built (what the training
-state costs). ``--json PATH`` appends each run's result as one JSON line as soon as it ends.
+state costs), and of that, the other ranks' shared-memory gradient sums an ``mpizero`` rank maps during a step
+(its RSS counts those pages, but they are the other ranks', held once on the host). ``--json PATH`` appends
+each run's result as one JSON line as soon as it ends.
 
 Accumulation as each framework's users do it: DDP under ``no_sync()`` but for
 the last micro-batch; FSDP2 reduce-scatters every micro-batch (its default);
@@ -209,7 +211,7 @@ def mpizero_torch_worker(args, config: str) -> dict:
         zero.step(closure)
 
     result = mpi_gathered(comm, timed_steps(args, comm.Barrier, step_fn), baseline)
-    return {**result, "redone": zero.engine.redone_steps}
+    return {**result, "redone": zero.engine.redone_steps, "mapped": zero.engine.collectives.mapped_bytes >> 10}
 
 
 def mpi_gathered(comm, times: list[float], baseline: int) -> dict:
@@ -376,7 +378,7 @@ def table(rows: dict[str, dict], args) -> list[str]:
     header = f"{'configuration':<18}"
     for count in counts:
         header += f" {f'{count} mb: ms':>11} {'x DDP':>6}"
-    lines = [header + f" {f'peak RSS MiB ({first})':>17} {f'above model MiB ({first})':>21}"]
+    lines = [header + f" {f'peak RSS MiB ({first})':>17} {f'above model MiB ({first})':>21} {'of it shared':>12}"]
     for config, runs in rows.items():
         if "skipped" in runs:
             lines.append(f"{config:<18} skipped: {runs['skipped']}")
@@ -387,7 +389,9 @@ def table(rows: dict[str, dict], args) -> list[str]:
             line += f" {runs[count]['median_ms']:>11.1f} {f'{ratio:.2f}' if ratio else '-':>6}"
         above = runs[first].get("above")
         above = f"{above / 1024:>21.0f}" if above is not None else f"{'-':>21}"
-        lines.append(line + f" {runs[first]['rss'] / 1024:>17.0f} {above}")
+        mapped = runs[first].get("mapped")
+        mapped = f"{mapped / 1024:>12.0f}" if mapped is not None else f"{'-':>12}"
+        lines.append(line + f" {runs[first]['rss'] / 1024:>17.0f} {above} {mapped}")
     return lines
 
 

@@ -81,4 +81,4 @@ def gpt2_worker(args, config: str, bench) -> dict:
         optimizer.zero_grad()
 
     result = bench.mpi_gathered(comm, bench.timed_steps(args, comm.Barrier, step_fn), baseline)
-    return {**result, "redone": zero.engine.redone_steps}
+    return {**result, "redone": zero.engine.redone_steps, "mapped": zero.engine.collectives.mapped_bytes >> 10}

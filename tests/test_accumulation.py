@@ -8,7 +8,7 @@ from mpirun import run_mpi_ok
 MIB = 2**20
 # 12.7M parameters; the same global batch of 32 sequences as 2 or 16 micro-batches over 2 ranks
 MODEL = ["--model", "transformer", "--width", "512", "--layers", "4", "--block-size", "16", "--global-batch", "32"]
-MARGIN = 256 * MIB  # besides the engine's buffers: the initial values handed to it, activations, allocator slack
+MARGIN = 256 * MIB  # besides the engine's buffers: activations, the shared arena's other segments, allocator slack
 
 
 def memory_report(tmp_path, micro_batches: int) -> dict:

@@ -80,8 +80,24 @@ def test_the_console_script_is_declared():
     assert config["options.entry_points"]["console_scripts"].split() == ["mpizero", "=", "mpizero.cli.main:main"]
 
 
+def readme_block(test: str) -> str:
+    """The README's block whose marker names ``test`` (in this file)."""
+    marker = f"test: tests/test_install.py::{test}"
+    return next(b for b in blocks() if b.page.name == "README.md" and b.marker == marker).text.strip()
+
+
+def test_the_readme_clones_into_a_fresh_virtual_environment(tmp_path):
+    """The clone and venv lines, the URL being this repository: a clone has what the install command needs, and
+    the activated environment is the clone's own (``.ci/run`` then installs into a fresh one, in a fresh clone)."""
+    clone = readme_block("test_the_readme_clones_into_a_fresh_virtual_environment").replace("URL", str(ROOT))
+    script = f"{clone}\npython -c 'import sys; print(sys.prefix)'\ntest -f setup.cfg && test -d mpizero\n"
+    done = subprocess.run(["bash", "-euc", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == str(tmp_path / "mpizero" / ".venv"), done.stdout
+
+
 def test_the_main_job_runs_as_the_readme_shows():
-    first = next(b for b in blocks() if b.page.name == "README.md" and b.lang == "sh").text.strip()
+    first = readme_block("test_the_main_job_runs_as_the_readme_shows")
     install, main_job = first.split(" && ")
     assert install in (ROOT / ".ci" / "run").read_text().splitlines()
     assert main_job == "mpiexec -n 4 mpizero verify"

@@ -59,17 +59,33 @@ def launch_env(extra_path: str | None = None, **variables) -> dict:
     return {**os.environ, "PATH": path, "PYTHON": sys.executable, **variables}
 
 
-def test_local_launch_script_runs_the_example():
+@pytest.mark.parametrize(
+    "command, shown",
+    [
+        (["3", "example"], ["3 ranks", "Results match: True"]),
+        (["2", "examples/quickstart.py"], ["w [ 2.  -1.   0.5] b [0.3]", "'params': 8,"]),  # a user's script
+    ],
+)
+def test_local_launch_script_runs_a_command_or_a_users_script(command, shown):
     done = subprocess.run(
-        ["bash", "launch/mpirun.sh", "3", "example"],
-        cwd=ROOT,
-        env=launch_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
+        ["bash", "launch/mpirun.sh", *command], cwd=ROOT, env=launch_env(), capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert "3 ranks" in done.stdout and "Results match: True" in done.stdout
+    assert all(text in done.stdout for text in shown), done.stdout
+
+
+def test_local_launch_script_hands_a_script_its_arguments_and_one_thread(tmp_path):
+    answer = 'if [ "$1" = --version ]; then echo HYDRA; else echo "ARGS $* threads $OMP_NUM_THREADS"; fi\n'
+    done = subprocess.run(
+        ["bash", "launch/mpirun.sh", "4", "my_train.py", "--lr", "3e-4"],
+        cwd=ROOT,
+        env=launch_env(fake_bin(tmp_path, "mpiexec", answer), OMP_NUM_THREADS="8"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"ARGS -n 4 {sys.executable} -m mpi4py my_train.py --lr 3e-4 threads 1", done.stdout
 
 
 @pytest.mark.parametrize("version", ["mpiexec (Open MPI) 5.0.11", "mpiexec (OpenRTE) 4.1.4"])
@@ -89,7 +105,14 @@ def test_local_launch_script_adds_open_mpi_flags(tmp_path, version):
         assert "--allow-run-as-root" in done.stdout
 
 
-def test_slurm_script_runs_under_a_stand_in_srun(tmp_path):
+@pytest.mark.parametrize(
+    "command, shown",
+    [
+        (["example", "--stage", "3"], ["ZeRO Stage 3 Training Step (4 ranks", "Results match: True"]),
+        (["examples/quickstart.py"], ["w [ 2.  -1.   0.5] b [0.3]", "'params': 4,"]),  # a user's script
+    ],
+)
+def test_slurm_script_runs_under_a_stand_in_srun(tmp_path, command, shown):
     srun = (  # answer --mpi=list; otherwise drop srun's options and start the ranks for real
         '[ "$1" = --mpi=list ] && { echo pmi2; exit; }\n'
         f'while [ "${{1#--}}" != "$1" ]; do shift; done; exec "{mpiexec()}" -n "$SLURM_NTASKS" "$@"\n'
@@ -98,15 +121,10 @@ def test_slurm_script_runs_under_a_stand_in_srun(tmp_path):
     env = launch_env(folder, SLURM_JOB_ID="42", SLURM_NTASKS="4", SLURM_NNODES="1", SLURM_NODELIST="localhost")
     env["MPIZERO_LAUNCH"] = "srun"  # the path a site MPI takes (tests/test_slurm.py runs both on real SLURM)
     done = subprocess.run(
-        ["bash", "launch/slurm.sbatch", "example", "--stage", "3"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        ["bash", "launch/slurm.sbatch", *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert "ZeRO Stage 3 Training Step (4 ranks" in done.stdout and "Results match: True" in done.stdout
+    assert all(text in done.stdout for text in shown), done.stdout
 
 
 def test_slurm_script_fails_fast_outside_slurm():

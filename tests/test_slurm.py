@@ -62,6 +62,12 @@ def test_one_node_cluster_trains_bitwise_through_the_sbatch_script(one_node, tmp
     assert "stage 3, 4 ranks" in out and "1 node, MPI: MPICH" in out
 
 
+def test_one_node_cluster_runs_a_users_script_through_the_sbatch_script(one_node):
+    state, out = submit(one_node, ["--ntasks=2"], ["examples/quickstart.py"])
+    assert state == "COMPLETED", out + one_node.logs()
+    assert "w [ 2.  -1.   0.5] b [0.3]" in out and "'params': 8," in out  # rank 0 holds 2 of the 4 floats
+
+
 def test_the_script_says_when_python_cannot_import_mpizero(one_node):
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": "", "PYTHON": "python3"}
     state, out = submit(one_node, ["--ntasks=1"], ["example"], env)

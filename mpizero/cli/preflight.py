@@ -16,6 +16,7 @@ from mpizero.core.optim import OPTIMIZERS
 from mpizero.training.registry import formula_setups
 
 JSON_BYTES = 1 << 16  # room for --memory-json and a manifest's fixed part
+RANK_ROW_BYTES = 256  # room for one rank's peaks in --memory-json
 
 
 def check(args, task, data, collectives) -> None:
@@ -25,13 +26,13 @@ def check(args, task, data, collectives) -> None:
     if not args.no_memory_check:
         ranks = collectives.comm.Get_size()
         size, loaded = args.global_batch // args.micro_batches, -(-args.micro_batches // ranks)
-        needed = predicted_bytes(args, units, numel, ranks) + task.batch_bytes(data, size, loaded)
+        needed = predicted_bytes(args, units, ranks) + task.batch_bytes(data, size, loaded)
         if args.device == "gpu":  # one rank's need against its device's free memory: never a false refusal
             problems += memory_problems(needed, 1, device_memory(), "on its GPU")
         else:
             problems += memory_problems(needed, collectives.node.Get_size(), available_memory(), "on this host")
     if collectives.comm.Get_rank() == 0:
-        problems += files.space_problems(space_needed(args, numel))
+        problems += files.space_problems(space_needed(args, numel, collectives.comm.Get_size()))
     agree.raise_if_any(collectives, "; ".join(problems) or None, "before the first step")
 
 
@@ -44,11 +45,11 @@ def key_problems() -> list[str]:
     return []
 
 
-def predicted_bytes(args, units: list, numel: int, ranks: int) -> int:
-    """Bytes one rank's model states need: the engine's buffers at ``--stage`` (``formulas``) and the full fp32
-    initial parameters (``numel`` of them) every rank builds before it keeps its shard."""
+def predicted_bytes(args, units: list, ranks: int) -> int:
+    """Bytes one rank's model states need: the engine's buffers at ``--stage`` (``formulas``). The initial values
+    are made shard by shard (``initial.sharded``), so no rank builds the whole model besides them."""
     setups = dict(formula_setups(units, ranks, args.precision, args.reduction, args.optimizer, args.bucket_elems))
-    return sum(formulas.engine_bytes(setups[args.stage]).values()) + 4 * numel
+    return sum(formulas.engine_bytes(setups[args.stage]).values())
 
 
 def memory_problems(needed: int, ranks_here: int, available: int | None, where: str) -> list[str]:
@@ -82,7 +83,7 @@ def device_memory() -> int | None:
         return None
 
 
-def space_needed(args, numel: int) -> dict[str, tuple[str, int]]:
+def space_needed(args, numel: int, ranks: int) -> dict[str, tuple[str, int]]:
     """What rank 0's outputs and one checkpoint of ``numel`` parameters will write: ``{flag: (path, bytes)}``."""
     states = 1 + len(OPTIMIZERS[args.optimizer]().state_names)
     needs = {}
@@ -91,5 +92,5 @@ def space_needed(args, numel: int) -> dict[str, tuple[str, int]]:
     if args.save_params:
         needs["--save-params"] = (args.save_params, 4 * numel + JSON_BYTES)
     if args.memory_json:
-        needs["--memory-json"] = (args.memory_json, JSON_BYTES)
+        needs["--memory-json"] = (args.memory_json, JSON_BYTES + RANK_ROW_BYTES * ranks)
     return needs

@@ -12,8 +12,7 @@ import json
 import math
 import os
 import time
-
-import numpy as np
+from collections.abc import Callable
 
 from mpizero.checkpoint import compat
 from mpizero.checkpoint import store as checkpoint
@@ -28,7 +27,7 @@ from mpizero.core.optim import OPTIMIZERS
 from mpizero.core.precision import PRECISIONS
 from mpizero.core.stages import reduce_scatters
 from mpizero.progress import progress
-from mpizero.training.model import param_shapes
+from mpizero.training import initial, readout
 from mpizero.training.registry import Size, entry
 from mpizero.training.trainer import Trainer, make_groups
 
@@ -66,7 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add(parser, "watchdog")
     parser.add_argument("--log-every", type=options.whole(1), default=10, help="steps between progress lines")
     parser.add_argument("--save-params", default=None, help="write the final fp32 master parameters here (.npy)")
-    parser.add_argument("--memory-json", default=None, help="write rank 0's memory report here (JSON)")
+    parser.add_argument(
+        "--memory-json", default=None, help="write rank 0's memory report and every rank's peaks here (JSON)"
+    )
     parser.add_argument("--checkpoint-dir", default=None, help="save sharded checkpoints here")
     parser.add_argument(
         "--checkpoint-every",
@@ -169,7 +170,7 @@ def run(args, comm) -> int:
     rss_baseline = peak_rss_bytes()  # the interpreter, NumPy, MPI and the data: before any training state
     precision = PRECISIONS[args.precision]
     xp = device_module(args.device)
-    engine = make_engine(args, model, precision, comm, xp)
+    engine = make_engine(args, model, precision, comm)
     trainer = Trainer(model, engine, precision, 2.0**args.loss_scale_power, ACCUMULATE[args.accumulate])
     settings = run_settings(args, task)
     first_step, run_id = 1, compat.run_identity(settings)
@@ -204,27 +205,35 @@ def run(args, comm) -> int:
             )
             if rank0:
                 print(f"saved {path}", flush=True)
-    rss_steps = peak_rss_bytes()  # before evaluation and saving, which can need more than the steps
-    master, problem = engine.master_params(), None
+    rss_steps = peak_rss_bytes()  # before evaluation and saving
     if rank0:
         print_accounting(engine, -(-args.micro_batches // comm.Get_size()), trainer.reduce_each_round)
         steps = args.steps - first_step + 1
         print(f"redone (scale prediction missed): {engine.redone_steps} of {steps} steps")
         print(f"gradients kept beyond the predicted range: {engine.scales.kept_steps} of {steps} steps")
-        print(task.evaluate(model, data, master))
-        memory = {**engine.memory_report(), "rss_baseline": rss_baseline, "rss_steps": rss_steps}
-        problem = write_outputs(args, model, master, memory)
+    walk = readout.unit_masters(engine, model.units)
+    if rank0:
+        print(task.evaluate(model, data, walk), flush=True)
+    readout.drain(walk)
+    problem = None
+    if args.save_params:
+        problem = written(lambda: readout.save_flat(args.save_params, engine, model.units, rank0))
+    row = {**engine.memory_report(), "rss_baseline": rss_baseline, "rss_steps": rss_steps}
+    rows = engine.collectives.gather_object(row, "every rank's memory report")
+    if rank0 and args.memory_json and problem is None:
+        memory = {**row, "ranks": [{key: r[key] for key in RANK_PEAKS} for r in rows]}
+        problem = written(lambda: files.write(args.memory_json, lambda f: f.write(json.dumps(memory).encode())))
     agree.raise_if_any(engine.collectives, problem, "writing the outputs")
     return 0
 
 
-def write_outputs(args, model, master: dict, memory: dict) -> str | None:
-    """Write --save-params and --memory-json (rank 0); return what went wrong, for every rank to report."""
+RANK_PEAKS = ("rss_baseline", "rss_steps", "rss", "peak_total", "mapped")  # --memory-json's row per rank
+
+
+def written(write: Callable[[], None]) -> str | None:
+    """Run ``write``; return what went wrong, for every rank to report, or None."""
     try:
-        if args.save_params:
-            save_flat(args.save_params, model, master)
-        if args.memory_json:
-            files.write(args.memory_json, lambda f: f.write(json.dumps(memory).encode()))
+        write()
     except OSError as error:
         return f"cannot write {checkpoint.describe(error)}"
     except files.OutputError as error:  # replaced by something not a file since the check before the steps
@@ -232,9 +241,10 @@ def write_outputs(args, model, master: dict, memory: dict) -> str | None:
     return None
 
 
-def make_engine(args, model, precision, comm, xp) -> ZeroEngine:
+def make_engine(args, model, precision, comm) -> ZeroEngine:
+    """The engine, built from ``initial.sharded``: at stage 3 each rank makes only its shard of the values."""
     return ZeroEngine(
-        to_device(model.init(args.seed), xp),
+        initial.sharded(model, args.seed, args.device),
         OPTIMIZERS[args.optimizer](lr=args.lr),
         comm=comm,
         groups=make_groups(model, args.stage, args.bucket_elems),
@@ -314,7 +324,8 @@ def print_accounting(engine, rounds: int, reduce_each_round: bool) -> None:
     print(
         "peak during steps: "
         + "  ".join(f"{k} {format_bytes(v)}" for k, v in report["peak"].items())
-        + f"  total {format_bytes(report['peak_total'])}  (process peak RSS {format_bytes(report['rss'])})"
+        + f"  total {format_bytes(report['peak_total'])}  (process peak RSS {format_bytes(report['rss'])}"
+        + (f", of it up to {format_bytes(report['mapped'])} other ranks' shared sums)" if report["mapped"] else ")")
     )
     traffic = engine.collectives.traffic
     setup = formulas.formula_setup(engine)
@@ -328,9 +339,3 @@ def print_accounting(engine, rounds: int, reduce_each_round: bool) -> None:
 def beside(measured, predicted: dict) -> str:
     """``op 1.2 MiB (formula 1.2 MiB)`` for every op the formula predicts."""
     return "  ".join(f"{op} {format_bytes(measured[op])} (formula {format_bytes(b)})" for op, b in predicted.items())
-
-
-def save_flat(path: str, model, master: dict) -> None:
-    """Write every parameter, in model order, as one flat float32 .npy; atomically."""
-    flat = np.concatenate([master[name].reshape(-1) for name in param_shapes(model)])
-    files.write(path, lambda f: np.save(f, flat))

@@ -21,6 +21,7 @@ from mpizero.core.optim.oracle import DocumentedOptimizer
 from mpizero.core.precision import PRECISIONS, LossScaler
 from mpizero.core.reference import Reference
 from mpizero.core.stages import STAGES
+from mpizero.training import initial
 from mpizero.training.mlp import MLP, regression_batch
 from mpizero.training.model import forward_backward
 from mpizero.training.trainer import Trainer, make_groups, reference_step
@@ -169,7 +170,11 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool, CommPaths]:
 
 
 def build_runs(stage: int, args, comm, model, precision):
-    """The engine and its trainer, the single-rank reference, and torch.optim's documented optimizer."""
+    """The engine and its trainer, the single-rank reference, and torch.optim's documented optimizer.
+
+    The engine makes its values shard by shard (``initial.sharded``); the reference and the documented optimizer,
+    which every rank runs to check its own shard, start from the whole model built at once (``model.init``), so a
+    different initial value is caught as a mismatch."""
     params = to_device(model.init(args.seed), device_module(args.device))
     optimizer = make_optimizer(args.optimizer)
     numerics = dict(
@@ -179,7 +184,8 @@ def build_runs(stage: int, args, comm, model, precision):
         scale_headroom=args.scale_headroom,
     )
     groups = make_groups(model, stage, args.bucket_elems)
-    engine = ZeroEngine(params, optimizer, comm=comm, groups=groups, stage=stage, reduction=args.reduction, **numerics)
+    source = initial.sharded(model, args.seed, args.device)
+    engine = ZeroEngine(source, optimizer, comm=comm, groups=groups, stage=stage, reduction=args.reduction, **numerics)
     reference = RecordingReference(params, optimizer, args.reduction, **{k: numerics[k] for k in REFERENCE_SETTINGS})
     host_params = {n: to_host(p) for n, p in params.items()}
     documented = DocumentedOptimizer(args.optimizer, host_params, optimizer.defaults, numerics["clip_norm"])

@@ -177,6 +177,12 @@ class Collectives:
         bucket = self.arenas["bucket"].nbytes if "bucket" in self.arenas else 0
         return bucket + sum(sums.own.nbytes for sums in self.sums.values())
 
+    @property
+    def mapped_bytes(self) -> int:
+        """Bytes of the other ranks' owner sums this rank maps during a step: in its RSS, not its memory (the
+        pages are theirs, counted once on the host; ``OwnerSums.unmap_others`` drops them after each step)."""
+        return sum(sums.others_bytes for sums in self.sums.values())
+
     def agree(self, local: np.ndarray) -> np.ndarray:
         """Reduce a small float64 vector of per-rank facts: entry 0 summed (a count), the rest maxed (flags, maxima).
 

@@ -499,9 +499,16 @@ class ZeroEngine:
         return total
 
     def memory_report(self) -> dict:
-        """Bytes held now and at the peak so far, by kind; the peak total; the process's peak RSS."""
+        """Bytes held now and at the peak so far, by kind; the peak total; the process's peak RSS; and the other
+        ranks' shared pages that RSS counts during a step (``Collectives.mapped_bytes``)."""
         log = self.memory_log
-        return {"now": self.memory(), "peak": dict(log.peak), "peak_total": log.peak_total, "rss": peak_rss_bytes()}
+        return {
+            "now": self.memory(),
+            "peak": dict(log.peak),
+            "peak_total": log.peak_total,
+            "rss": peak_rss_bytes(),
+            "mapped": self.collectives.mapped_bytes,
+        }
 
 
 def _bind(optimizer, names: list[str]) -> tuple[BoundOptimizer | None, str | None]:

@@ -199,6 +199,8 @@ class GroupGradients:
         """Complete any collective in flight and forget this step's gradients (used, skipped or to be redone)."""
         if self.pending_reduce is not None:
             self.pending_reduce.wait()
+        if self.sums is not None:
+            self.sums.unmap_others()
         self._free_step_buffers()
         self.accumulated, self.rounds_reduced, self.decoded = False, 0, False
 

@@ -21,10 +21,11 @@ import torch
 from mpi4py import MPI
 
 from mpizero.comm import agree
+from mpizero.core import heap
 from mpizero.core.engine import StepResult, ZeroEngine
 from mpizero.core.errors import ZeroError
 from mpizero.core.step import StepOrderError
-from mpizero.torch import checkpoints, habits, heap, optim_state, rng, state
+from mpizero.torch import checkpoints, habits, optim_state, rng, state
 from mpizero.torch.buffers import BufferSync
 from mpizero.torch.grads import GradientIntake
 from mpizero.torch.hooks import UnitHooks

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpizero.core.arrays import array_module
-from mpizero.training.model import mean_squared_error, param_shapes, softmax_cross_entropy
+from mpizero.training import initial
+from mpizero.training.initial import Normal
+from mpizero.training.model import mean_squared_error, softmax_cross_entropy
 
 
 @dataclass(frozen=True)
@@ -51,14 +53,13 @@ class MLP:
         last = len(self.widths) - 2
         return [Dense(f"l{i}", a, b, i < last) for i, (a, b) in enumerate(zip(self.widths, self.widths[1:]))]
 
+    def init_rule(self, name: str, shape: tuple[int, ...]) -> Normal:
+        """He-initialised weights; biases zero, but drawn (times 0.0, so a negative draw gives -0.0) as ever."""
+        return Normal(float(np.sqrt(2.0 / shape[0])) if len(shape) == 2 else 0.0)
+
     def init(self, seed: int) -> dict[str, np.ndarray]:
-        """He-initialised float32 weights and zero biases, the same on every rank."""
-        rng = np.random.default_rng([seed, 0])
-        params = {}
-        for name, shape in param_shapes(self).items():
-            scale = np.sqrt(2.0 / shape[0]) if len(shape) == 2 else 0.0
-            params[name] = (rng.standard_normal(shape) * scale).astype(np.float32)
-        return params
+        """The initial float32 parameters, the same on every rank."""
+        return initial.full(self, seed)
 
     def loss(self, out, target):
         if self.objective == "xent":

@@ -2,8 +2,9 @@
 
 A model is a sequence of units. Each unit names its parameter tensors
 (``param_shapes``) and has ``forward(x, params) -> (out, cache)`` and
-``backward(dout, cache, params) -> (dx, grads)``; the model has ``init(seed)``
-and ``loss(out, target) -> (loss, dout)``. Units compute in float32 and touch
+``backward(dout, cache, params) -> (dx, grads)``; the model has
+``init_rule(name, shape)`` (how ``initial`` makes each tensor's values),
+``init(seed)`` and ``loss(out, target) -> (loss, dout)``. Units compute in float32 and touch
 only the parameters they own, which is what lets stage 3 gather one unit at a
 time (``trainer``).
 """

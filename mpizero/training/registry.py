@@ -7,12 +7,15 @@ sizes), ``load()`` (its data), ``data_problems(data)`` (what the sizes ask of
 the data that it cannot give), ``build(data)``, ``unit_runs(data)`` (the
 model's units as runs of alike ones, for the formulas), ``micro_batch(...)``,
 ``batch_bytes(data, samples, loaded)`` (about the memory the data of a step
-takes), ``samples_per_item`` and ``unit`` (for throughput), and ``evaluate(...)``.
+takes), ``samples_per_item`` and ``unit`` (for throughput), and
+``evaluate(model, data, masters)`` (given the trained params unit by unit, so
+that no rank holds them all).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,9 +25,9 @@ from mpizero.core.optim import OPTIMIZERS
 from mpizero.core.precision import PRECISIONS
 from mpizero.core.reduce.reduction import REDUCTIONS
 from mpizero.core.stages import STAGES
+from mpizero.training import readout
 from mpizero.training.datasets import Corpus, Digits
 from mpizero.training.mlp import MLP
-from mpizero.training.model import forward_backward
 from mpizero.training.runs import Run, group_runs
 from mpizero.training.transformer import Transformer
 
@@ -82,11 +85,10 @@ class DigitsMLP:
     def micro_batch(self, data: Digits, seed: int, step: int, micro_batch: int, size: int, count: int):
         return data.micro_batch(seed, step, micro_batch, size, count)
 
-    def evaluate(self, model: MLP, data: Digits, master: dict) -> str:
+    def evaluate(self, model: MLP, data: Digits, masters: Iterable[dict]) -> str:
+        """Held-out accuracy; ``masters`` gives each unit's params in turn (``readout.unit_masters``)."""
         x, y = data.held_out()
-        out = x
-        for unit in model.units:
-            out, _ = unit.forward(out, master)
+        out = readout.forward(model.units, x, masters)
         return f"held-out accuracy: {np.mean(out.argmax(axis=1) == y):.4f} on {len(y)} digits"
 
 
@@ -144,9 +146,10 @@ class TextTransformer:
     def micro_batch(self, data: Corpus, seed: int, step: int, micro_batch: int, size: int, count: int):
         return data.micro_batch(seed, step, micro_batch, size, self.size.block_size)
 
-    def evaluate(self, model: Transformer, data: Corpus, master: dict) -> str:
+    def evaluate(self, model: Transformer, data: Corpus, masters: Iterable[dict]) -> str:
+        """Held-out loss; ``masters`` gives each unit's params in turn (``readout.unit_masters``)."""
         x, y = data.held_out(self.size.block_size)
-        loss, _ = forward_backward(model, master, x, y)
+        loss, _ = model.loss(readout.forward(model.units, x, masters), y)
         return f"held-out loss: {loss:.4f} nats/char (unigram entropy {data.unigram_entropy():.4f})"
 
 

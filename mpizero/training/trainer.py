@@ -8,7 +8,8 @@ Gradients go to the engine group by group (stage 3: per unit; stages 0-2:
 buckets) as soon as a round's backward has produced them, and are dropped:
 at stages 2-3 each round is reduce-scattered at once into the grad shard, at
 stages 0-1 it is folded into the local grads, reduced once after the last
-round. Nothing per micro-batch is kept until the step ends. If the engine's
+round. Nothing per micro-batch is kept until the step ends, and the heap's
+free pages go back to the OS after each unit (``heap``). If the engine's
 scale prediction fails, the step runs again on the same micro-batches.
 
 The single-rank counterpart is ``reference_step``: the same unit calls on the
@@ -25,6 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpizero.comm import agree
+from mpizero.core import heap
 from mpizero.core.partition import split_evenly
 from mpizero.core.precision import LossScaler, Precision
 from mpizero.core.reference import contribution
@@ -49,6 +51,12 @@ def make_groups(model, stage: int, bucket_elems: int) -> list[list[str]]:
             current.append(name)
             size += numel
     return [*buckets, current] if current else buckets
+
+
+def groups_of_units(units: list, groups: list) -> list[list[int]]:
+    """For each unit, the indices of the engine groups that hold any of its parameters, in order."""
+    names_of_unit = [set(unit.param_shapes()) for unit in units]
+    return [sorted({i for i, g in enumerate(groups) if names & set(g.layout.names)}) for names in names_of_unit]
 
 
 def as_contribution(grads: dict, precision: Precision, loss_scale: float) -> dict:
@@ -92,10 +100,7 @@ class Trainer:
         self.units = model.units  # built once: a model's ``units`` may construct them on every access
         self.names_of_unit = [set(unit.param_shapes()) for unit in self.units]
         self.scaler = LossScaler(initial_loss_scale) if precision.loss_scaling else None
-        self.groups_of_unit = [
-            sorted({i for i, g in enumerate(engine.groups) if names & set(g.layout.names)})
-            for names in self.names_of_unit
-        ]
+        self.groups_of_unit = groups_of_units(self.units, engine.groups)
         # backward runs units in reverse, so a group is complete after the lowest unit it holds
         self.last_unit_of_group = {
             g: min(u for u, owned in enumerate(self.groups_of_unit) if g in owned) for g in range(len(engine.groups))
@@ -147,6 +152,7 @@ class Trainer:
                 out, cache = unit.forward(out, params)
                 caches.append(cache)
             self._release(u)
+            heap.release_if_grown()  # this unit's gathered params, freed
         loss, grads, dout = None, {}, None
         if batch is not None:
             loss, dout = self.model.loss(out, batch[1])
@@ -164,6 +170,7 @@ class Trainer:
                     self._hand_in(g, grads if batch is not None else None, last_round)
                     for name in self.engine.groups[g].layout.names:  # handed in: no rank keeps the whole gradient
                         grads.pop(name, None)
+            heap.release_if_grown()  # this unit's gathered params and handed-in gradients, freed
         return loss
 
     def _hand_in(self, group: int, grads: dict | None, last_round: bool) -> None:

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpizero.core.arrays import array_module
-from mpizero.training.model import param_shapes, softmax_cross_entropy
+from mpizero.training import initial
+from mpizero.training.initial import Constant, Normal
+from mpizero.training.model import softmax_cross_entropy
 from mpizero.training.scatter import sum_rows_by_index
 
 LN_EPS = 1e-5
@@ -198,18 +200,15 @@ class Transformer:
             Head("head", self.width, self.vocab),
         ]
 
-    def init(self, seed: int) -> dict[str, np.ndarray]:
+    def init_rule(self, name: str, shape: tuple[int, ...]) -> Normal | Constant:
         """GPT-2-style initialisation: normal(0, 0.02) matrices, unit gains, zero biases."""
-        rng = np.random.default_rng([seed, 0])
-        params = {}
-        for name, shape in param_shapes(self).items():
-            if name.endswith(".g"):
-                params[name] = np.ones(shape, np.float32)
-            elif len(shape) == 1:
-                params[name] = np.zeros(shape, np.float32)
-            else:
-                params[name] = (rng.standard_normal(shape) * 0.02).astype(np.float32)
-        return params
+        if name.endswith(".g"):
+            return Constant(1.0)
+        return Constant(0.0) if len(shape) == 1 else Normal(0.02)
+
+    def init(self, seed: int) -> dict[str, np.ndarray]:
+        """The initial float32 parameters, the same on every rank."""
+        return initial.full(self, seed)
 
     def loss(self, logits, targets):
         return softmax_cross_entropy(logits, targets)

@@ -1,5 +1,7 @@
 """Hand the C heap's free pages back to the OS when the heap grew (glibc's ``malloc_trim``).
 
+Used by ``mpizero.torch`` after each backward pass and step, and by the NumPy trainer after each unit.
+
 Each backward, torch allocates a new full-size gradient per parameter (and stage 3 a full-params buffer per
 unit) and frees it soon after. Once ``shard`` has freed the model's own parameters, glibc's adaptive mmap
 threshold lies above blocks that size, so they come from its heap; small allocations made in between split
@@ -8,8 +10,13 @@ the freed blocks, the heap grows step after step, and every page it ever touched
 peak RSS above the model, about 300 with trimming. ``malloc_trim(0)`` returns every free page of the heap,
 wherever it lies; but a later allocation faults them in again, zeroed by the kernel, so trimming after every
 backward made each micro-batch's gradients cost page faults. So the heap is trimmed only when it has grown by
-``GROWTH`` since the last trim (glibc's ``mallinfo2``): a heap that reuses its freed blocks is left alone. Where
-the C library has no ``malloc_trim`` (macOS, musl) nothing is done.
+``GROWTH`` since the last trim (glibc's ``mallinfo2``): a heap that reuses its freed blocks is left alone
+(``bench_peers.py --ranks 2 --steps 8 --micro-batches 8``, one run each, stages 2 and 3: trimming after every
+backward 1.37x and 1.88x DDP's step time, 449 and 487 MiB peak RSS above the model; ``GROWTH`` 16 MiB 1.23x
+and 1.83x, 450 and 503 MiB; 64 MiB 0.87x and 1.15x, 482 and 519 MiB). Where
+the C library has no ``malloc_trim`` (macOS, musl) nothing is done. (The trainer's units free their gathered
+params and gradients between the engine's int64 sums the same way: on a 67M-parameter MLP at stage 3, 4 ranks,
+about 100 MiB of peak RSS above the engine's peak without trimming, about 70 with it.)
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ def _malloc_trim():
     return trim
 
 
-GROWTH = 64 << 20  # bytes the heap may grow by before its free pages go back to the OS
+GROWTH = 64 << 20  # bytes the heap may grow by before it is trimmed
 _last_size = [0]  # the heap's size after the last trim
 
 
