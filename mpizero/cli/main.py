@@ -2,9 +2,10 @@
 
 One rank works too: ``python -m mpizero verify``. Bad input (a flag out of
 range, flags that contradict each other, an output file that cannot be
-written) is found before any work, printed once on one line, and exits with
-status 2; so is an error every rank agreed on during the run. Any other
-exception on any rank prints that rank's traceback and aborts the whole job,
+written, ranks that run different mpizero code) is found before any work,
+printed once on one line, and exits with status 2; so is an error every rank
+agreed on during the run. Any other exception on any rank prints that rank's
+traceback and aborts the whole job, and Ctrl-C on any rank ends the whole job,
 so no rank waits forever.
 """
 
@@ -19,7 +20,7 @@ from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
 from mpizero.cli import consolidate, estimate, example, options, plot, train, verify
-from mpizero.comm import launch
+from mpizero.comm import interrupt, launch
 from mpizero.comm.collectives import Collectives
 from mpizero.core import files
 from mpizero.core.errors import ZeroError
@@ -75,7 +76,7 @@ def make_parser() -> Parser:
     return parser
 
 
-def check_paths(args, module, comm) -> None:
+def check_paths(args, module, collectives) -> None:
     """Raise on every rank unless rank 0 can write every output the flags name without clobbering an input."""
     tables = {"outputs": module.OUTPUTS, "inputs": module.INPUTS, "directories": module.OUTPUT_DIRS}
     named = {
@@ -84,22 +85,22 @@ def check_paths(args, module, comm) -> None:
     if not named["outputs"] and not named["directories"]:
         return
     problems = None
-    if comm.Get_rank() == 0:
+    if collectives.comm.Get_rank() == 0:
         problems = files.output_problems(named["outputs"], named["inputs"], named["directories"])
         problems += [p for flag, path in named["directories"].items() for p in files.directory_problems(flag, path)]
-    if comm.Get_size() > 1:
-        problems = Collectives(comm).bcast_object(problems, "the output-file check")
-    options.raise_problems(problems)
+    options.raise_problems(collectives.bcast_object(problems, "the output-file check"))
 
 
 def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
+    interrupt.end_job_on_interrupt(comm.Get_rank())
     try:
         launch.refuse_split_launch()
         args = make_parser().parse_args(argv)
         module = COMMANDS[args.command]
+        collectives = Collectives(comm, getattr(args, "watchdog", options.WATCHDOG_SECONDS) or None)
         module.check(args, comm.Get_size())
-        check_paths(args, module, comm)
+        check_paths(args, module, collectives)
         if not any(v in os.environ for v in THREAD_VARIABLES):
             threadpool_limits(limits=1)  # one BLAS thread per rank: reproducible, and cores not oversubscribed
         return module.run(args, comm)
