@@ -19,7 +19,8 @@ run (``owner_problem``), so rotation can only ever delete the run's own older
 checkpoints, and never the one just written.
 
 Files are written into ``ckpt-00000012.partial-<run>-<nonce>/``; the manifest is
-written last (``files.write``), then the directory is renamed into place. A
+written last (``files.write``), then the directory is renamed into place; the ranks agree
+on the key first (``key``), so the key that signs and checks is every rank's. A
 directory without a manifest is a torn save: ``find_latest`` skips it with a
 message. Loading trusts the manifest's checksum, then its structure, then its
 meaning (``compat``), before any value is read. Elements are found by tensor
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpizero.checkpoint import compat, manifest, structure
+from mpizero.checkpoint import compat, key, manifest, structure
 from mpizero.checkpoint.layout import SavedLayout
 from mpizero.checkpoint.manifest import MANIFEST, CheckpointError
 from mpizero.checkpoint.shards import BLOCK_BYTES, CheckpointReader, file_name, write_rank_file
@@ -66,6 +67,7 @@ def save(engine, directory: str, training_state: dict, keep: int | None = None, 
     if not (low <= block_bytes <= high and block_bytes & (block_bytes - 1) == 0):
         raise ValueError(f"block_bytes must be a power of two in [{low}, {high}], got {block_bytes}")
     rank, collectives = engine.comm.Get_rank(), engine.collectives
+    signing = key.agree(collectives)
     run = training_state.get("run") or compat.run_identity(compat.engine_settings(engine, training_state))
     training_state = {**training_state, "run": run}
     step = int(training_state["step"])
@@ -90,7 +92,7 @@ def save(engine, directory: str, training_state: dict, keep: int | None = None, 
             "training": training_state,
             "scales": engine.scale_state(),
         }
-        problem = _attempt(lambda: _publish(record, partial, final, keep))
+        problem = _attempt(lambda: _publish(record, partial, final, keep, signing))
     _agree(collectives, problem, partial)
     return final
 
@@ -129,13 +131,13 @@ def _write_rank_file(engine, partial: str, rank: int, block_bytes: int) -> str:
     return digest
 
 
-def _publish(record: dict, partial: str, final: str, keep: int | None) -> None:
+def _publish(record: dict, partial: str, final: str, keep: int | None, signing: bytes | None) -> None:
     """Seal and write the manifest last, then move the checkpoint into place and rotate the run's old ones.
 
     A checkpoint of the same run and step already there is moved aside first, so a crash leaves one of them whole.
     """
     directory = os.path.dirname(final)
-    manifest.write(partial, record)
+    manifest.write(partial, record, signing)
     files.fsync_directory(partial)
     aside = f"{final}{ASIDE}{secrets.token_hex(4)}" if os.path.exists(final) else None
     if aside:
@@ -300,7 +302,7 @@ def load(engine, path: str, overrides: Collection[str] = ()) -> Loaded:
     state by state, only the blocks holding the elements it owns, each checked against its digest.
     Any problem raises the same error on every rank.
     """
-    saved, problem, bytes_read = _manifest_from_rank_0(engine.collectives, path), None, 0
+    saved, problem, bytes_read = _manifest_from_rank_0(engine.collectives, path, key.agree(engine.collectives)), None, 0
     try:
         compat.check(engine, saved, os.path.join(path, MANIFEST), overrides)
         with CheckpointReader(path, saved) as reader:
@@ -330,12 +332,13 @@ def _host_buffer(array):
     return np.empty(array.shape, dtype=np.float32)
 
 
-def _manifest_from_rank_0(collectives, path: str) -> dict:
-    """The checkpoint's manifest, read and verified on rank 0 only and broadcast; or the same error everywhere."""
+def _manifest_from_rank_0(collectives, path: str, signing: bytes | None) -> dict:
+    """The checkpoint's manifest, read and verified (under ``signing``, every rank's key) on rank 0 only and
+    broadcast; or the same error everywhere."""
     found = None
     if collectives.comm.Get_rank() == 0:
         try:
-            found = manifest.read(path)
+            found = manifest.read(path, signing)
         except CheckpointError as error:
             found = str(error)
     found = collectives.bcast_object(found, "the checkpoint manifest")
@@ -346,9 +349,10 @@ def _manifest_from_rank_0(collectives, path: str) -> dict:
 def consolidate(path: str, output: str, include_optimizer: bool = False) -> list[str]:
     """Write every tensor's full fp32 parameters (and optionally optimizer state) by name to ``output`` (.npz).
 
-    The manifest is verified (checksum, structure) before any value is read, and every block as it is read.
+    The manifest is verified (checksum, signature under this process's key, structure) before any value is
+    read, and every block as it is read.
     """
-    saved = manifest.read(path)
+    saved = manifest.read(path, key.read())
     states, tensors = saved["states"] if include_optimizer else ["master"], saved["tensors"]
     found = {}
     with CheckpointReader(path, saved) as reader:

@@ -2,11 +2,11 @@
 
 One rank works too: ``python -m mpizero verify``. Bad input (a flag out of
 range, flags that contradict each other, an output file that cannot be
-written, ranks that run different mpizero code) is found before any work,
-printed once on one line, and exits with status 2; so is an error every rank
-agreed on during the run. Any other exception on any rank prints that rank's
-traceback and aborts the whole job, and Ctrl-C on any rank ends the whole job,
-so no rank waits forever.
+written, ranks that run different mpizero code or hold different checkpoint
+keys) is found before any work, printed once on one line, and exits with
+status 2; so is an error every rank agreed on during the run. Any other
+exception on any rank prints that rank's traceback and aborts the whole job,
+and Ctrl-C on any rank ends the whole job, so no rank waits forever.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import traceback
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
+from mpizero.checkpoint import key
 from mpizero.cli import consolidate, estimate, example, options, plot, train, verify
 from mpizero.comm import interrupt, launch
 from mpizero.comm.collectives import Collectives
@@ -79,9 +80,7 @@ def make_parser() -> Parser:
 def check_paths(args, module, collectives) -> None:
     """Raise on every rank unless rank 0 can write every output the flags name without clobbering an input."""
     tables = {"outputs": module.OUTPUTS, "inputs": module.INPUTS, "directories": module.OUTPUT_DIRS}
-    named = {
-        key: {flag: getattr(args, d) for d, flag in table.items() if getattr(args, d)} for key, table in tables.items()
-    }
+    named = {kind: _given(args, table) for kind, table in tables.items()}
     if not named["outputs"] and not named["directories"]:
         return
     problems = None
@@ -89,6 +88,11 @@ def check_paths(args, module, collectives) -> None:
         problems = files.output_problems(named["outputs"], named["inputs"], named["directories"])
         problems += [p for flag, path in named["directories"].items() for p in files.directory_problems(flag, path)]
     options.raise_problems(collectives.bcast_object(problems, "the output-file check"))
+
+
+def _given(args, table: dict[str, str]) -> dict[str, str]:
+    """``{flag: path}`` of the flags in ``table`` (``{dest: flag}``) that were given."""
+    return {flag: getattr(args, dest) for dest, flag in table.items() if getattr(args, dest)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         args = make_parser().parse_args(argv)
         module = COMMANDS[args.command]
         collectives = Collectives(comm, getattr(args, "watchdog", options.WATCHDOG_SECONDS) or None)
+        if module.INPUTS or module.OUTPUT_DIRS:  # a command that reads or writes checkpoints
+            key.agree(collectives)
         module.check(args, comm.Get_size())
         check_paths(args, module, collectives)
         if not any(v in os.environ for v in THREAD_VARIABLES):

@@ -1,14 +1,13 @@
-"""Checks ``train`` makes before its first step, once the model is built: data, memory, disk, checkpoint key.
+"""Checks ``train`` makes before its first step, once the model is built: data, memory, disk.
 
 Each rank checks what it can see (its host's available memory for the ranks
 on it, the free space where rank 0 will write) and the ranks agree, so a run
 that could not finish stops now, on every rank with the same message, rather
-than after its steps.
+than after its steps. (The checkpoint key is agreed earlier, by ``main``.)
 """
 
 from __future__ import annotations
 
-from mpizero.checkpoint import manifest
 from mpizero.comm import agree
 from mpizero.core import files, formulas
 from mpizero.core.memory import format_bytes
@@ -20,7 +19,7 @@ JSON_BYTES = 1 << 16  # room for --memory-json and a manifest's fixed part
 
 def check(args, task, data, collectives) -> None:
     """Raise the same ZeroError on every rank if the data, the memory or the disk cannot hold this run."""
-    problems, units = task.data_problems(data) + key_problems(), task.unit_runs(data)
+    problems, units = task.data_problems(data), task.unit_runs(data)
     numel = sum(sum(unit.tensors) * unit.count for unit in units)
     if not args.no_memory_check:
         ranks = collectives.comm.Get_size()
@@ -33,15 +32,6 @@ def check(args, task, data, collectives) -> None:
     if collectives.comm.Get_rank() == 0:
         problems += files.space_problems(space_needed(args, numel))
     agree.raise_if_any(collectives, "; ".join(problems) or None, "before the first step")
-
-
-def key_problems() -> list[str]:
-    """Whether the checkpoint key, if one is set, can be read (each rank reads its own environment)."""
-    try:
-        manifest.signing_key()
-    except manifest.CheckpointError as error:
-        return [str(error)]
-    return []
 
 
 def predicted_bytes(args, units: list, numel: int, ranks: int) -> int:

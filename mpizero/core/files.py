@@ -1,11 +1,14 @@
-"""Output files: written whole or not at all, never over an input, another output, or something not a file.
+"""Files in and out: outputs written whole or not at all, never over an input, another output, or something
+not a file; inputs read only once they are known to be regular files.
 
 ``write`` is the one way mpizero writes an output file (``--save-params``,
 ``--memory-json``, consolidate's ``.npz``, plots, checkpoint manifests): into
 a temporary file beside the target, fsynced, then renamed into place, so a
 reader sees the old file or the new one, never a part. ``output_problems``,
 ``directory_problems`` and ``space_problems`` are the checks made before any
-work, each problem one line naming the flag and the path.
+work, each problem one line naming the flag and the path. ``read_regular``
+reads a file that a FIFO or a device in its place would make wait forever
+(a key file, a manifest).
 """
 
 from __future__ import annotations
@@ -57,14 +60,38 @@ def fsync_directory(path: str) -> None:
 def _not_a_regular_file(path: str) -> str | None:
     """What ``path`` is if it exists and is not a regular file (a directory, a device, a FIFO), else None."""
     try:
-        mode = os.stat(path).st_mode
+        kind = _kind(os.stat(path).st_mode)
     except FileNotFoundError:
         return None
+    return f"is {kind}, not a file" if kind else None
+
+
+def _kind(mode: int) -> str | None:
+    """What a file of ``mode`` is, unless it is a regular file: ``a FIFO``, ``a directory``, ..."""
     if stat.S_ISREG(mode):
         return None
     kinds = {stat.S_ISDIR: "a directory", stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device"}
     kinds.update({stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket"})
-    return "is " + next((name for test, name in kinds.items() if test(mode)), "not a regular file") + ", not a file"
+    return next((name for test, name in kinds.items() if test(mode)), "not a regular file")
+
+
+class NotRegular(OSError):
+    """A file to read that is not a regular file: refused before a read of it could wait forever."""
+
+
+def read_regular(path: str, limit: int) -> bytes:
+    """Up to ``limit`` bytes of ``path``, once it is known to be a regular file: checked before it is opened
+    (reading a FIFO or a terminal can wait forever), opened without blocking, and checked again once open."""
+    _refuse_unless_regular(os.stat(path).st_mode)
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        _refuse_unless_regular(os.fstat(f.fileno()).st_mode)  # replaced since it was checked
+        return f.read(limit)
+
+
+def _refuse_unless_regular(mode: int) -> None:
+    kind = _kind(mode)
+    if kind:
+        raise NotRegular(f"is {kind}, not a regular file: refused without reading it (a read could wait forever)")
 
 
 def _in_system_tree(path: str) -> str | None:

@@ -49,7 +49,7 @@ def load(directory: str, stage: int) -> None:
     engine = engine_at(stage, seed=2)  # other values: every one must come from the checkpoint
     path, _ = store.resolve(directory)
     loaded = store.load(engine, path)
-    saved = manifest.read(path)
+    saved = manifest.read(path, None)
     layout = SavedLayout.of_manifest(saved)
     owned = [(p.spec.name, p.start, p.stop) for p in engine.owned_pieces()]
     states = len(saved["states"])
