@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mpizero.checkpoint import directory
 from mpizero.checkpoint import store as checkpoint
 from mpizero.cli import options
 from mpizero.comm import agree
@@ -49,7 +50,7 @@ def run(args, comm) -> int:
 
 
 def _consolidate(args) -> None:
-    path, torn = checkpoint.resolve(args.checkpoint)
+    path, torn = directory.resolve(args.checkpoint)
     for message in torn:
         print(message, file=sys.stderr)
     names = checkpoint.consolidate(path, args.output, include_optimizer=args.optimizer)

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from mpizero.checkpoint import compat
+from mpizero.checkpoint import compat, directory
 from mpizero.checkpoint import store as checkpoint
 from mpizero.cli import options, preflight
 from mpizero.comm import agree
@@ -178,7 +178,7 @@ def run(args, comm) -> int:
         done, run_id = resume(args, engine, trainer, settings)
         first_step = done + 1
     if args.checkpoint_dir:
-        checkpoint.claim(engine.collectives, args.checkpoint_dir, run_id)
+        checkpoint.claim(engine.collectives, args.checkpoint_dir, run_id, continuing=bool(args.resume))
     size = args.global_batch // args.micro_batches
 
     def batch(m: int, step: int):
@@ -271,7 +271,7 @@ def resume(args, engine, trainer, settings: dict) -> tuple[int, str]:
     found = None
     if comm.Get_rank() == 0:
         try:
-            found = checkpoint.resolve(args.resume)
+            found = directory.resolve(args.resume)
         except checkpoint.CheckpointError as error:
             found = str(error)
     found = engine.collectives.bcast_object(found, "the checkpoint to resume")

@@ -13,6 +13,7 @@ from mpi4py import MPI
 
 from mpizero import SGD, ZeroEngine, ZeroError
 from mpizero.checkpoint import store
+from mpizero.checkpoint.directory import resolve
 from mpizero.checkpoint.key import KEY_VARIABLE
 
 comm = MPI.COMM_WORLD
@@ -27,7 +28,7 @@ try:
     if action == "save":
         store.save(engine, directory, {**training, "step": 2})
     else:
-        store.load(engine, store.resolve(directory)[0])
+        store.load(engine, resolve(directory)[0])
     outcome = "done"
 except ZeroError as error:
     outcome = f"refused: {error}"
