@@ -411,12 +411,12 @@ def test_steps_at_or_below_the_checkpoints_step_are_refused(tmp_path, saved):
 def test_consolidate_into_its_own_checkpoint_is_refused(tmp_path, saved):
     path = copy_of(saved, tmp_path)
     args = ["-m", "mpizero", "consolidate", str(path), str(path / "rank00000.bin")]
-    refused(tmp_path, path, lambda: run_mpi(2, args), f"lies inside the input checkpoint {path}")
+    refused(tmp_path, path, lambda: run_mpi(2, args), f"lies inside the checkpoint {path}: it would be overwritten")
     args = ["-m", "mpizero", "consolidate", str(tmp_path), str(path / "manifest.json")]
-    refused(tmp_path, path, lambda: run_mpi(1, args), "lies inside the input checkpoint")
+    refused(tmp_path, path, lambda: run_mpi(1, args), f"manifest.json lies inside the checkpoint {path}")
 
 
 def test_save_params_inside_the_resumed_checkpoint_is_refused(tmp_path, saved):
     path = copy_of(saved, tmp_path)
     command = functools.partial(train, 1, 2, 6, "--resume", path, "--save-params", path / "rank00000.bin", ok=False)
-    refused(tmp_path, path, command, "lies inside the input --resume")
+    refused(tmp_path, path, command, f"--save-params {path}/rank00000.bin lies inside the checkpoint {path}")

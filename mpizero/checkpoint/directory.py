@@ -11,7 +11,8 @@ something its run knows as its own:
 - ``ckpt-00000012.removing-<run>-<nonce>``: a checkpoint rotation is deleting.
 
 A numbered directory without a manifest is torn (a save or a deletion that did
-not finish): it is skipped, and blocks no run. A run owns its directory: every
+not finish): it is skipped, and blocks no run. No output may be written over a
+checkpoint, nor where a save would put one (``checkpoint_problem``). A run owns its directory: every
 manifest records the run's identity (``training.run``), and a run may not save
 where another run's checkpoints or saves are (``owner_problem``), so rotation
 only ever deletes the run's own checkpoints older than the one just written.
@@ -23,10 +24,13 @@ import os
 import re
 import secrets
 import shutil
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from mpizero.checkpoint import manifest
+from mpizero.checkpoint import lock, manifest
 from mpizero.checkpoint.manifest import MANIFEST, CheckpointError
+from mpizero.checkpoint.shards import file_name
+from mpizero.core import files
 
 NAME = re.compile(r"^ckpt-(\d{8,})")
 MARKED = re.compile(r"^ckpt-\d{8,}\.(partial|replaced|removing)-([0-9a-f]{16})-[0-9a-f]+$")
@@ -136,6 +140,35 @@ def _remove(found: Found, run: str) -> None:
     shutil.rmtree(path)
 
 
+def save_problem(folder: str, step: int, ranks: int) -> str | None:
+    """Why a save of ``step`` by ``ranks`` ranks into ``folder`` could not create its files (None if it could):
+    tried for real with the longest names a save gives them (a name or path too long, a symlink loop, no
+    permission), then removed with every directory the trial made."""
+    made = _missing(os.path.abspath(folder))
+    checkpoint = marked(os.path.join(folder, checkpoint_name(step)), REPLACED, "0" * 16)  # the longest marker
+    try:
+        os.makedirs(checkpoint)
+        for path in (os.path.join(checkpoint, file_name(ranks - 1)), files.temporary_name(f"{checkpoint}/{MANIFEST}")):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            os.unlink(path)
+    except OSError as error:
+        return f"cannot create {error.filename}: {files.describe(error)}"
+    finally:
+        for trial in [checkpoint, *reversed(made)]:
+            if os.path.isdir(trial):
+                os.rmdir(trial)
+    return None
+
+
+def _missing(path: str) -> list[str]:
+    """The directories on the way to ``path`` that do not exist yet, outermost first."""
+    missing = []
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        missing.insert(0, path)
+        path = os.path.dirname(path)
+    return missing
+
+
 def find_latest(directory: str) -> tuple[str | None, list[str]]:
     """Return the newest complete checkpoint under ``directory`` (or None) and a message per one skipped."""
     found = catalog(directory)
@@ -158,3 +191,36 @@ def resolve(path: str) -> tuple[str, list[str]]:
         reasons = "".join(f"; {message}" for message in skipped[:3])
         raise CheckpointError(f"{path}: no complete checkpoint found{reasons}")
     return latest, skipped
+
+
+def checkpoint_problem(path: str, places: Iterable[str]) -> str | None:
+    """How writing ``path`` would overwrite a checkpoint (None if it would not): it is or lies inside one (a
+    directory holding a manifest), or lies where a save into one of ``places`` puts one, or is its lock."""
+    given, real = os.path.abspath(path), os.path.realpath(path)
+    for folder in [*_self_and_ancestors(given), *_self_and_ancestors(real)]:  # through symlinks too
+        if os.path.lexists(os.path.join(folder, MANIFEST)):
+            where = "is" if folder in (given, real) else "lies inside"
+            return f"{where} the checkpoint {_shown(folder, path)}"
+    for place in places:
+        root = os.path.realpath(place)
+        first = os.path.relpath(real, root).split(os.sep)[0] if real.startswith(root.rstrip("/") + "/") else ""
+        if NAME.match(first):
+            return f"lies inside {os.path.join(place, first)}, where a save into {place} puts a checkpoint"
+        if first == lock.LOCK:
+            return f"is the lock file of the checkpoint directory {place}"
+    return None
+
+
+def _shown(folder: str, path: str) -> str:
+    """``folder`` as the user would write it: relative to here if ``path`` was given relative and lies below."""
+    relative = os.path.relpath(folder)
+    return relative if not os.path.isabs(path) and not relative.startswith("..") else folder
+
+
+def _self_and_ancestors(path: str) -> Iterator[str]:
+    while True:
+        yield path
+        parent = os.path.dirname(path)
+        if parent == path:
+            return
+        path = parent

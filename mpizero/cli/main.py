@@ -20,17 +20,16 @@ from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
 from mpizero.checkpoint import key
-from mpizero.cli import consolidate, estimate, example, options, plot, train, verify
+from mpizero.cli import consolidate, estimate, example, options, outputs, plot, train, verify
 from mpizero.comm import interrupt, launch
 from mpizero.comm.collectives import Collectives
-from mpizero.core import files
 from mpizero.core.errors import ZeroError
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 # Each command module has: add_arguments(parser), check(args, world_size) (raises ZeroError and fills in
-# defaults that depend on the world size), OUTPUTS ({dest: flag} of files rank 0 writes), OUTPUT_DIRS (directories
-# it writes into), INPUTS (files or checkpoints it reads, which no output may overwrite) and run(args, comm).
+# defaults that depend on the world size), OUTPUTS ({dest: flag} of files rank 0 writes), OUTPUT_DIRS (checkpoint
+# directories it writes into), INPUTS (checkpoints it reads, which no output may overwrite) and run(args, comm).
 COMMANDS = {
     "example": example,
     "verify": verify,
@@ -78,16 +77,14 @@ def make_parser() -> Parser:
 
 
 def check_paths(args, module, collectives) -> None:
-    """Raise on every rank unless rank 0 can write every output the flags name without clobbering an input."""
+    """Raise on every rank unless rank 0 can write every output the flags name without clobbering a checkpoint,
+    an input or another output."""
     tables = {"outputs": module.OUTPUTS, "inputs": module.INPUTS, "directories": module.OUTPUT_DIRS}
     named = {kind: _given(args, table) for kind, table in tables.items()}
     if not named["outputs"] and not named["directories"]:
         return
-    problems = None
-    if collectives.comm.Get_rank() == 0:
-        problems = files.output_problems(named["outputs"], named["inputs"], named["directories"])
-        problems += [p for flag, path in named["directories"].items() for p in files.directory_problems(flag, path)]
-    options.raise_problems(collectives.bcast_object(problems, "the output-file check"))
+    found = outputs.problems(**named) if collectives.comm.Get_rank() == 0 else None
+    options.raise_problems(collectives.bcast_object(found, "the output-file check"))
 
 
 def _given(args, table: dict[str, str]) -> dict[str, str]:

@@ -4,7 +4,8 @@ not a file; inputs read only once they are known to be regular files.
 ``write`` is the one way mpizero writes an output file (``--save-params``,
 ``--memory-json``, consolidate's ``.npz``, plots, checkpoint manifests): into
 a temporary file beside the target, fsynced, then renamed into place, so a
-reader sees the old file or the new one, never a part. ``output_problems``,
+reader sees the old file or the new one, never a part. ``output_problems``
+(which tries to create each output's temporary file: ``creation_problem``),
 ``directory_problems`` and ``space_problems`` are the checks made before any
 work, each problem one line naming the flag and the path. ``read_regular``
 reads a file that a FIFO or a device in its place would make wait forever
@@ -13,6 +14,7 @@ reads a file that a FIFO or a device in its place would make wait forever
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
@@ -34,7 +36,7 @@ def write(path: str, fill: Callable[[BinaryIO], None]) -> None:
     if problem:
         raise OutputError(f"{path} {problem}: refusing to replace it")
     folder = os.path.dirname(os.path.abspath(path))
-    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(3)}"
+    tmp = temporary_name(path)
     try:
         with open(tmp, "xb") as f:
             fill(f)
@@ -46,6 +48,23 @@ def write(path: str, fill: Callable[[BinaryIO], None]) -> None:
             os.unlink(tmp)
         raise
     fsync_directory(folder)
+
+
+def temporary_name(path: str) -> str:
+    """The temporary file ``write`` fills beside ``path`` before it renames it into place."""
+    return f"{path}.tmp-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def creation_problem(path: str) -> OSError | None:
+    """Why the temporary file ``write`` will use for ``path`` cannot be created (None if it can): a name or
+    path too long, a symlink loop, no permission, a read-only file system. Tried for real, then removed."""
+    tmp = temporary_name(path)
+    try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as error:
+        return error
+    os.unlink(tmp)
+    return None
 
 
 def fsync_directory(path: str) -> None:
@@ -144,7 +163,10 @@ def _output_problem(flag: str, path: str) -> str | None:
     tree = _in_system_tree(path)
     if tree:
         return f"{flag} {path} is under {tree}: not a place for output"
-    kind = _not_a_regular_file(path)
+    try:
+        kind = _not_a_regular_file(path)
+    except OSError as error:  # a name too long to look up, a symlink loop
+        return f"{flag} {path}: {describe(error)}"
     if kind:
         return f"{flag} {path} {kind}"
     folder = os.path.dirname(os.path.abspath(path))
@@ -152,7 +174,15 @@ def _output_problem(flag: str, path: str) -> str | None:
         return f"{flag} {path}: directory {folder} does not exist"
     if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         return f"{flag} {path} is not writable"
-    return None
+    error = creation_problem(path)
+    return f"{flag} {path}: cannot create its temporary file {error.filename}: {describe(error)}" if error else None
+
+
+def describe(error: OSError) -> str:
+    """An OS error as its errno's name and message, e.g. ``ENAMETOOLONG (File name too long)``."""
+    name = errno.errorcode.get(error.errno) if error.errno else None
+    text = error.strerror or str(error)
+    return f"{name} ({text})" if name else text
 
 
 def directory_problems(flag: str, path: str) -> list[str]:
