@@ -3,15 +3,22 @@ checkpoint's bytes as they were; paths that could not be written are refused bef
 
 import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from checkpoint_runs import TRAIN, refused, train, tree_digest
 from mpirun import rank_pids, run_mpi, start_mpi
+
+from mpizero import SGD, ZeroEngine
+from mpizero.checkpoint import directory as checkpoints
+from mpizero.checkpoint import store
+from mpizero.checkpoint.manifest import CheckpointError
 
 
 @pytest.fixture
@@ -166,3 +173,51 @@ def test_a_read_only_place_is_refused_before_the_first_step(read_only):
     before_the_first_step(done, f"--checkpoint-dir {read_only}/ck: {read_only} is not writable")
     done = train(2, 2, 2, "--save-params", read_only / "p.npy", ok=False)
     before_the_first_step(done, f"--save-params {read_only}/p.npy is not writable")
+
+
+# A save refuses data it could not load back.
+
+
+def nested(depth: int) -> dict:
+    data: dict = {}
+    for _ in range(depth - 1):
+        data = {"d": data}
+    return data
+
+
+def training(data) -> dict:
+    return {"step": 1, "optimizer_steps": 1, "skipped_steps": 0, "loss_scale": None, "data": data}
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        (nested(20), "data nests 20 levels deep; a checkpoint holds at most 14"),
+        ({1: "a"}, "data would load back as {'1': 'a'}, not as given"),
+        ({"t": (1, 2)}, "data would load back as {'t': [1, 2]}, not as given"),
+        ({"x": float("nan")}, "data must be JSON values: Out of range float values are not JSON compliant"),
+        ({"a": np.float32(1)}, "data must be JSON values: Object of type float32 is not JSON serializable"),
+    ],
+)
+def test_save_refuses_data_it_could_not_load_back(tmp_path, data, expected):
+    engine = ZeroEngine({"w": np.ones(5, np.float32)}, SGD(lr=0.1), stage=1)
+    with pytest.raises(CheckpointError, match=re.escape(expected)):
+        store.save(engine, str(tmp_path / "ck"), training(data))
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_deepest_data_a_checkpoint_holds_loads_back(tmp_path):
+    engine = ZeroEngine({"w": np.ones(5, np.float32)}, SGD(lr=0.1), stage=1)
+    path = store.save(engine, str(tmp_path / "ck"), training(nested(14)))
+    assert store.load(engine, path).training["data"] == nested(14)
+    assert checkpoints.find_latest(str(tmp_path / "ck")) == (path, [])
+
+
+def test_a_torch_save_refuses_data_it_could_not_load_back(tmp_path):
+    torch = pytest.importorskip("torch", reason="mpizero.torch needs torch: add its CPU build")
+    from mpizero.torch import shard
+
+    zero = shard(torch.nn.Linear(3, 2), SGD(lr=0.1), stage=2)
+    with pytest.raises(CheckpointError, match="data nests 20 levels deep"):
+        zero.save(str(tmp_path / "ck"), data=nested(20))
+    assert os.listdir(tmp_path) == []

@@ -16,7 +16,7 @@ partition rule that places every tensor exactly once). Its meaning (same
 model, same optimizer, same data settings) is the loader's to check. Every
 refusal is a ``CheckpointError`` naming the file and the field. ``write``
 refuses what ``read`` would: a manifest is checked by the same parser before
-it is written.
+it is written, and a caller's ``data`` before anything is (``data_problem``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ FORMAT = "mpizero-checkpoint-5"
 MANIFEST = "manifest.json"
 MAX_BYTES = 1 << 24  # about 80 bytes per rank: 330 KiB at 4096 ranks (``estimate --scale``), 16 MiB at 200,000
 MAX_DEPTH = 16  # ``save`` writes 5 levels; json's parser recurses once per level
+DATA_DEPTH = 2  # the levels above ``training.data``: a caller's data may nest MAX_DEPTH - DATA_DEPTH deep
 SEALS = ("checksum", "signature")
 
 
@@ -73,6 +74,21 @@ def write(directory: str, manifest: dict, key: bytes | None) -> None:
     except CheckpointError as error:
         raise CheckpointError(f"cannot write a manifest that could not be read back: {error}") from None
     files.write(path, lambda f: f.write(encoded))
+
+
+def data_problem(data) -> str | None:
+    """Why a caller's ``data`` could not be saved in a manifest and loaded back equal (None when it can)."""
+    try:
+        encoded = json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        return f"data must be JSON values: {error}"
+    depth = nesting_depth(encoded.encode())
+    if depth > MAX_DEPTH - DATA_DEPTH:
+        return f"data nests {depth} levels deep; a checkpoint holds at most {MAX_DEPTH - DATA_DEPTH}"
+    loaded = json.loads(encoded)
+    if loaded != data:
+        return f"data would load back as {loaded!r:.200}, not as given (JSON has lists, not tuples, and string keys)"
+    return None
 
 
 def load_json(manifest_path: str):

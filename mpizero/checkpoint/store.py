@@ -49,8 +49,9 @@ def save(engine, directory: str, training_state: dict, keep: int | None = None, 
     """Write a checkpoint of ``engine`` into ``directory`` (collective); return its path.
 
     ``keep``: how many complete checkpoints to keep (>= 1; None keeps all). ``block_bytes``: the rank files'
-    digest block (a power of two, 512 bytes to 1 GiB). A failed save raises the same CheckpointError on every
-    rank and leaves nothing behind.
+    digest block (a power of two, 512 bytes to 1 GiB). ``training_state["data"]``: the caller's JSON values,
+    refused unless they would load back equal. A failed save raises the same CheckpointError on every rank
+    and leaves nothing behind.
     """
     if keep is not None and keep < 1:
         raise ValueError(f"keep must be >= 1 (or None to keep every checkpoint), got {keep}")
@@ -59,6 +60,7 @@ def save(engine, directory: str, training_state: dict, keep: int | None = None, 
         raise ValueError(f"block_bytes must be a power of two in [{low}, {high}], got {block_bytes}")
     rank, collectives = engine.comm.Get_rank(), engine.collectives
     signing = key.agree(collectives)
+    _agreed(collectives, manifest.data_problem(training_state.get("data")), "checkpoint save")
     run = training_state.get("run") or compat.run_identity(compat.engine_settings(engine, training_state))
     training_state = {**training_state, "run": run}
     final = os.path.join(directory, checkpoints.checkpoint_name(int(training_state["step"])))
