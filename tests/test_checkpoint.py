@@ -17,6 +17,7 @@ import pytest
 from checkpoint_runs import TRAIN, copy_of, refused, resume_from, train
 from mpirun import ROOT, run_mpi, run_mpi_ok
 
+from mpizero.checkpoint import directory as checkpoints
 from mpizero.checkpoint import manifest as manifest_format
 from mpizero.checkpoint import store
 
@@ -77,7 +78,7 @@ def test_kill_9_during_a_save_loses_nothing(tmp_path, straight):
     log = train(
         3, 2, 4, "--resume", directory, "--checkpoint-dir", directory, "--checkpoint-every", 2, "--save-params", out
     )
-    assert "skipping torn checkpoint" in log and "after step 2" in log
+    assert "(torn: a save or a deletion that did not finish)" in log and "after step 2" in log
     assert out.read_bytes() == straight
     assert sorted(os.listdir(directory)) == ["ckpt-00000002", "ckpt-00000004"]  # stale partial cleaned
 
@@ -286,8 +287,8 @@ def fake_checkpoint(directory: Path, name: str, step: int, run: str) -> Path:
 def test_a_copy_moved_aside_is_not_taken_for_the_newest(tmp_path):
     """A crash after a re-save of step 4 was renamed into place, before its older copy was removed."""
     fake_checkpoint(tmp_path, "ckpt-00000004", 4, "a" * 16)
-    fake_checkpoint(tmp_path, f"ckpt-00000004{store.ASIDE}0a1b2c3d", 4, "a" * 16)
-    assert store.find_latest(str(tmp_path)) == (str(tmp_path / "ckpt-00000004"), [])
+    fake_checkpoint(tmp_path, f"ckpt-00000004.replaced-{'a' * 16}-0a1b2c3d", 4, "a" * 16)
+    assert checkpoints.find_latest(str(tmp_path)) == (str(tmp_path / "ckpt-00000004"), [])
 
 
 def test_a_checkpoint_whose_step_is_unreadable_is_left_by_rotation(tmp_path, saved, straight):
@@ -322,35 +323,52 @@ def test_a_block_size_that_is_not_a_power_of_two_is_refused_before_any_collectiv
         store.save(None, str(tmp_path), {"step": 1}, block_bytes=1000)
 
 
-def test_rotation_deletes_only_the_runs_older_checkpoints_and_never_the_one_just_written(tmp_path):
+def test_rotation_deletes_only_the_runs_older_checkpoints_and_never_a_newer_one(tmp_path):
     ours, theirs = "a" * 16, "b" * 16
-    for step in (2, 4, 6):
+    for step in (1, 2, 4, 6):
         fake_checkpoint(tmp_path, f"ckpt-{step:08d}", step, ours)
     fake_checkpoint(tmp_path, "other", 1, theirs)
     written = fake_checkpoint(tmp_path, "ckpt-00000003", 3, ours)  # resumed from 2: 4 and 6 are newer
     (tmp_path / f"ckpt-00000003.partial-{ours}-0000").mkdir()
+    (tmp_path / f"ckpt-00000002.removing-{ours}-0000").mkdir()  # a rotation that was killed midway
     (tmp_path / f"ckpt-00000009.partial-{ours}-0000").mkdir()
     (tmp_path / f"ckpt-00000001.partial-{theirs}-0000").mkdir()
-    store._rotate(str(tmp_path), 2, ours, str(written))
+    (tmp_path / "ckpt-00000001.replaced-x").mkdir()  # torn, of no known run: left alone
+    checkpoints.rotate(str(tmp_path), 2, ours, str(written))
     assert sorted(os.listdir(tmp_path)) == [
         "ckpt-00000001.partial-" + theirs + "-0000",
+        "ckpt-00000001.replaced-x",
+        "ckpt-00000002",
         "ckpt-00000003",
+        "ckpt-00000004",
         "ckpt-00000006",
         "ckpt-00000009.partial-" + ours + "-0000",
         "other",
     ]
-    store._rotate(str(tmp_path), 1, ours, str(written))
-    assert "ckpt-00000003" in os.listdir(tmp_path) and "ckpt-00000006" not in os.listdir(tmp_path)
+    checkpoints.rotate(str(tmp_path), 1, ours, str(written))
+    assert {"ckpt-00000003", "ckpt-00000004", "ckpt-00000006"} <= set(os.listdir(tmp_path))
+    assert "ckpt-00000002" not in os.listdir(tmp_path)
+
+
+def test_a_rotation_killed_midway_leaves_a_torn_checkpoint_of_the_run(tmp_path, monkeypatch):
+    ours = "a" * 16
+    for step in (2, 4):
+        fake_checkpoint(tmp_path, f"ckpt-{step:08d}", step, ours)
+    monkeypatch.setattr(shutil, "rmtree", lambda path: os.unlink(os.path.join(path, "manifest.json")))
+    checkpoints.rotate(str(tmp_path), 1, ours, str(tmp_path / "ckpt-00000004"))
+    (torn,) = [f for f in checkpoints.catalog(str(tmp_path)) if f.path != str(tmp_path / "ckpt-00000004")]
+    assert torn.run == ours and torn.step == 2 and not torn.complete
+    assert checkpoints.owner_problem(str(tmp_path), ours, continuing=True) is None
 
 
 def test_a_checkpoint_is_recognised_by_its_manifest_whatever_its_name(tmp_path, saved, straight):
     copy, out = tmp_path / "my copy", tmp_path / "params.npy"
     shutil.copytree(saved / "ckpt-00000002", copy)
-    assert store.resolve(str(copy)) == (str(copy), [])
+    assert checkpoints.resolve(str(copy)) == (str(copy), [])
     train(2, 3, 4, "--resume", copy, "--save-params", out)
     assert out.read_bytes() == straight
     shutil.copytree(saved / "ckpt-00000004", tmp_path / "newest, renamed")
-    assert store.find_latest(str(tmp_path))[0] == str(tmp_path / "newest, renamed")
+    assert checkpoints.find_latest(str(tmp_path))[0] == str(tmp_path / "newest, renamed")
 
 
 # A resumed run is the same run.
@@ -393,12 +411,12 @@ def test_steps_at_or_below_the_checkpoints_step_are_refused(tmp_path, saved):
 def test_consolidate_into_its_own_checkpoint_is_refused(tmp_path, saved):
     path = copy_of(saved, tmp_path)
     args = ["-m", "mpizero", "consolidate", str(path), str(path / "rank00000.bin")]
-    refused(tmp_path, path, lambda: run_mpi(2, args), f"lies inside the input checkpoint {path}")
+    refused(tmp_path, path, lambda: run_mpi(2, args), f"lies inside the checkpoint {path}: it would be overwritten")
     args = ["-m", "mpizero", "consolidate", str(tmp_path), str(path / "manifest.json")]
-    refused(tmp_path, path, lambda: run_mpi(1, args), "lies inside the input checkpoint")
+    refused(tmp_path, path, lambda: run_mpi(1, args), f"manifest.json lies inside the checkpoint {path}")
 
 
 def test_save_params_inside_the_resumed_checkpoint_is_refused(tmp_path, saved):
     path = copy_of(saved, tmp_path)
     command = functools.partial(train, 1, 2, 6, "--resume", path, "--save-params", path / "rank00000.bin", ok=False)
-    refused(tmp_path, path, command, "lies inside the input --resume")
+    refused(tmp_path, path, command, f"--save-params {path}/rank00000.bin lies inside the checkpoint {path}")

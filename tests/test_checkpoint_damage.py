@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from checkpoint_runs import consolidate_from, copy_of, edit, refused, resume_from, train
 
+from mpizero.checkpoint import key as checkpoint_key
 from mpizero.checkpoint import manifest as manifest_format
 
 # Damage to the rank files: each names the file (and what it contradicts).
@@ -216,7 +217,7 @@ def test_a_step_that_disagrees_with_the_counters_is_refused(tmp_path, saved):
 
 # Signed checkpoints, and manifests parsed with limits.
 
-KEY = manifest_format.KEY_VARIABLE
+KEY = checkpoint_key.KEY_VARIABLE
 
 
 @pytest.fixture(scope="module")
@@ -226,21 +227,19 @@ def signed(tmp_path_factory):
     return directory / "ckpt-00000002"
 
 
-def test_a_signed_checkpoint_loads_only_under_its_key(tmp_path, signed, saved, monkeypatch):
+def test_a_signed_checkpoint_loads_only_under_its_key(tmp_path, signed, saved):
     assert "signature" in json.loads((signed / "manifest.json").read_text())
-    manifest_format.read(str(signed))  # no key: the checksum is checked, the signature cannot be
-    monkeypatch.setenv(KEY, "the key")
-    manifest_format.read(str(signed))
+    manifest_format.read(str(signed), None)  # no key: the checksum is checked, the signature cannot be
+    manifest_format.read(str(signed), b"the key")
     with pytest.raises(manifest_format.CheckpointError, match="field signature: missing: the checkpoint is unsigned"):
-        manifest_format.read(str(saved / "ckpt-00000004"))
-    monkeypatch.setenv(KEY, "another key")
+        manifest_format.read(str(saved / "ckpt-00000004"), b"the key")
     with pytest.raises(manifest_format.CheckpointError, match="field signature: does not match"):
-        manifest_format.read(str(signed))
+        manifest_format.read(str(signed), b"another key")
     key_file = tmp_path / "key"
     key_file.write_bytes(b"the key")
-    monkeypatch.delenv(KEY)
-    monkeypatch.setenv(manifest_format.KEY_FILE_VARIABLE, str(key_file))
-    manifest_format.read(str(signed))
+    assert checkpoint_key.read({checkpoint_key.KEY_FILE_VARIABLE: str(key_file)}) == b"the key"
+    assert checkpoint_key.read({KEY: "the key", checkpoint_key.KEY_FILE_VARIABLE: str(key_file)}) == b"the key"
+    assert checkpoint_key.read({}) is None
 
 
 def test_a_forged_manifest_with_a_recomputed_checksum_is_refused_under_the_key(tmp_path, signed):
@@ -263,7 +262,7 @@ def test_an_oversized_manifest_is_refused_before_it_is_parsed(tmp_path, monkeypa
     (tmp_path / "manifest.json").write_text('{"a": "' + "x" * 100 + '"}')
     monkeypatch.setattr(manifest_format, "MAX_BYTES", 64)
     with pytest.raises(manifest_format.CheckpointError, match="larger than 64 bytes"):
-        manifest_format.read(str(tmp_path))
+        manifest_format.read(str(tmp_path), None)
     assert manifest_format.nesting_depth(b'{"a": ["[[[", {"b": "]}"}]}') == 3
 
 
@@ -271,7 +270,7 @@ def test_a_manifest_of_escaped_quotes_is_refused_at_once(tmp_path):
     """Its nesting is measured in linear time: a regex over strings took hours on 1 MB of this."""
     (tmp_path / "manifest.json").write_bytes(b'"' + b'\\"' * (4 << 20))
     with pytest.raises(manifest_format.CheckpointError, match="manifest.json: unreadable"):
-        manifest_format.read(str(tmp_path))
+        manifest_format.read(str(tmp_path), None)
 
 
 def test_a_tensor_too_large_for_its_files_is_refused_before_anything_is_allocated(tmp_path, saved):
@@ -280,13 +279,12 @@ def test_a_tensor_too_large_for_its_files_is_refused_before_anything_is_allocate
     refused(tmp_path, path, consolidate_from(path, tmp_path), "the manifest's layout says")
 
 
-def test_a_non_ascii_signature_is_refused_under_the_key(tmp_path, signed, monkeypatch):
+def test_a_non_ascii_signature_is_refused_under_the_key(tmp_path, signed):
     path = tmp_path / "forged"
     shutil.copytree(signed, path)
     edit(path, lambda m: m.update(signature="\u00e9" * 64))
-    monkeypatch.setenv(KEY, "the key")
     with pytest.raises(manifest_format.CheckpointError, match="field signature: does not match"):
-        manifest_format.read(str(path))
+        manifest_format.read(str(path), b"the key")
 
 
 def test_a_checkpoint_is_never_used_as_a_checkpoint_directory(tmp_path, saved):
@@ -299,5 +297,6 @@ def test_a_checkpoint_is_never_used_as_a_checkpoint_directory(tmp_path, saved):
 
 def test_a_manifest_that_is_a_fifo_is_refused_without_waiting(tmp_path):
     os.mkfifo(tmp_path / "manifest.json")
-    with pytest.raises(manifest_format.CheckpointError, match="manifest.json: not a regular file"):
-        manifest_format.read(str(tmp_path))
+    expected = "manifest.json is a FIFO, not a regular file: refused without reading it"
+    with pytest.raises(manifest_format.CheckpointError, match=expected):
+        manifest_format.read(str(tmp_path), None)

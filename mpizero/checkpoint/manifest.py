@@ -4,18 +4,19 @@ A manifest is sealed with ``checksum``, the sha256 of its canonical JSON (keys
 sorted, no spaces) without the ``checksum`` and ``signature`` fields. The
 checksum catches accidents (a torn write, a flipped bit, a hand edit that did
 not recompute it); anyone can recompute it, so it cannot catch a forgery. With
-a key (``MPIZERO_CHECKPOINT_KEY``, or the file ``MPIZERO_CHECKPOINT_KEY_FILE``
-names), the manifest also carries ``signature``, an HMAC-SHA256 of the same
-canonical JSON under that key; loading with a key refuses a manifest that is
-unsigned or signed under another key. The manifest lists every rank file's
+a key (``key``), the manifest also carries ``signature``, an HMAC-SHA256 of the
+same canonical JSON under that key; loading with a key refuses a manifest that
+is unsigned or signed under another key. The manifest lists every rank file's
 digest (``shards``), so the signature covers the shards too.
 
-``read`` trusts a manifest in this order: its size and nesting depth (bounded
-before the JSON is parsed), its checksum, its signature when there is a key,
-then its structure (``structure.check``: field types, and a partition rule
-that places every tensor exactly once). Its meaning (same model, same
-optimizer, same data settings) is the loader's to check. Every refusal is a
-``CheckpointError`` naming the file and the field.
+``read`` trusts a manifest in this order: a regular file, its size and nesting
+depth (bounded before the JSON is parsed), its checksum, its signature when
+there is a key, then its structure (``structure.check``: field types, and a
+partition rule that places every tensor exactly once). Its meaning (same
+model, same optimizer, same data settings) is the loader's to check. Every
+refusal is a ``CheckpointError`` naming the file and the field. ``write``
+refuses what ``read`` would: a manifest is checked by the same parser before
+it is written, and a caller's ``data`` before anything is (``data_problem``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import hashlib
 import hmac
 import json
 import os
-import stat
 
 import numpy as np
 
@@ -34,9 +34,9 @@ from mpizero.core import files
 
 FORMAT = "mpizero-checkpoint-6"
 MANIFEST = "manifest.json"
-KEY_VARIABLE, KEY_FILE_VARIABLE = "MPIZERO_CHECKPOINT_KEY", "MPIZERO_CHECKPOINT_KEY_FILE"
 MAX_BYTES = 1 << 24  # about 80 bytes per rank: 330 KiB at 4096 ranks (``estimate --scale``), 16 MiB at 200,000
 MAX_DEPTH = 16  # ``save`` writes 5 levels; json's parser recurses once per level
+DATA_DEPTH = 2  # the levels above ``training.data``: a caller's data may nest MAX_DEPTH - DATA_DEPTH deep
 SEALS = ("checksum", "signature")
 
 
@@ -59,48 +59,53 @@ def signature(manifest: dict, key: bytes) -> str:
     return hmac.new(key, _canonical(manifest), hashlib.sha256).hexdigest()
 
 
-def signing_key() -> bytes | None:
-    """The checkpoint key: ``MPIZERO_CHECKPOINT_KEY``'s text, or the bytes of the file ``..._KEY_FILE`` names."""
-    if os.environ.get(KEY_VARIABLE):
-        return os.environ[KEY_VARIABLE].encode()
-    path = os.environ.get(KEY_FILE_VARIABLE)
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as f:
-            key = f.read(1 << 16)
-    except OSError as error:
-        raise CheckpointError(f"{KEY_FILE_VARIABLE}={path}: cannot read the key ({error.strerror})") from None
-    if not key:
-        raise CheckpointError(f"{KEY_FILE_VARIABLE}={path}: the key file is empty")
-    return key
-
-
-def write(directory: str, manifest: dict) -> None:
-    """Seal ``manifest`` with its checksum (and signature, with a key), check its structure, write it atomically."""
+def write(directory: str, manifest: dict, key: bytes | None) -> None:
+    """Seal ``manifest`` with its checksum (and signature, with a key), check that ``read`` would take it back,
+    and write it atomically."""
     body = {"format": FORMAT, **manifest}
-    key = signing_key()
     sealed = {**body, "checksum": checksum(body), **({"signature": signature(body, key)} if key else {})}
+    path = os.path.join(directory, MANIFEST)
+    encoded = json.dumps(sealed, indent=1).encode()
     try:  # what ``read`` would refuse is never written
+        parse(encoded, path)
         structure.check({k: v for k, v in sealed.items() if k != "signature"})
     except structure.Invalid as error:
-        raise CheckpointError(
-            f"{directory}: cannot write this manifest: field {error.field}: {error.problem}"
-        ) from None
-    files.write(os.path.join(directory, MANIFEST), lambda f: f.write(json.dumps(sealed, indent=1).encode()))
+        raise CheckpointError(f"{path}: cannot write it: field {error.field}: {error.problem}") from None
+    except CheckpointError as error:
+        raise CheckpointError(f"cannot write a manifest that could not be read back: {error}") from None
+    files.write(path, lambda f: f.write(encoded))
+
+
+def data_problem(data) -> str | None:
+    """Why a caller's ``data`` could not be saved in a manifest and loaded back equal (None when it can)."""
+    try:
+        encoded = json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        return f"data must be JSON values: {error}"
+    depth = nesting_depth(encoded.encode())
+    if depth > MAX_DEPTH - DATA_DEPTH:
+        return f"data nests {depth} levels deep; a checkpoint holds at most {MAX_DEPTH - DATA_DEPTH}"
+    loaded = json.loads(encoded)
+    if loaded != data:
+        return f"data would load back as {loaded!r:.200}, not as given (JSON has lists, not tuples, and string keys)"
+    return None
 
 
 def load_json(manifest_path: str):
     """Parse an untrusted manifest file with limits on its size and nesting depth; raise CheckpointError."""
     try:
-        if not stat.S_ISREG(os.stat(manifest_path).st_mode):  # a FIFO would block the read, a device never end
-            raise CheckpointError(f"{manifest_path}: not a regular file")
-        with open(manifest_path, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
+        data = files.read_regular(manifest_path, MAX_BYTES + 1)
     except FileNotFoundError:
         raise CheckpointError(f"{manifest_path}: missing (not a checkpoint, or a torn save)") from None
+    except files.NotRegular as error:
+        raise CheckpointError(f"{manifest_path} {error}") from None
     except OSError as error:
         raise CheckpointError(f"{manifest_path}: unreadable ({error})") from None
+    return parse(data, manifest_path)
+
+
+def parse(data: bytes, manifest_path: str):
+    """The JSON in ``data`` once its size and nesting depth are within the limits; raise CheckpointError."""
     if len(data) > MAX_BYTES:
         raise CheckpointError(f"{manifest_path}: larger than {MAX_BYTES:,} bytes, the most a manifest may be")
     depth = nesting_depth(data)
@@ -133,12 +138,13 @@ def nesting_depth(data: bytes) -> int:
     return int(np.cumsum(step, dtype=np.int32).max(initial=0))
 
 
-def read(path: str) -> dict:
-    """Load checkpoint ``path``'s manifest; verify its limits, checksum, signature and structure before returning."""
+def read(path: str, key: bytes | None) -> dict:
+    """Load checkpoint ``path``'s manifest; verify its limits, checksum, signature under ``key`` (if not None)
+    and structure before returning."""
     manifest_path = os.path.join(path, MANIFEST)
     manifest = load_json(manifest_path)
     try:
-        _check_seal(manifest, signing_key())
+        _check_seal(manifest, key)
         structure.check({k: v for k, v in manifest.items() if k != "signature"})
     except structure.Invalid as error:
         raise CheckpointError(f"{manifest_path}: field {error.field}: {error.problem}") from None
@@ -160,6 +166,6 @@ def _check_seal(manifest, key: bytes | None) -> None:
         return
     signed = manifest.get("signature")
     if signed is None:
-        raise structure.Invalid("signature", f"missing: the checkpoint is unsigned, and {KEY_VARIABLE} is set")
+        raise structure.Invalid("signature", "missing: the checkpoint is unsigned, and this run has a checkpoint key")
     if not isinstance(signed, str) or not signed.isascii() or not hmac.compare_digest(signed, signature(manifest, key)):
         raise structure.Invalid("signature", "does not match: signed under another key, or changed after the save")

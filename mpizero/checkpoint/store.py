@@ -11,46 +11,38 @@ Layout of one checkpoint, ``DIR/ckpt-00000012/``:
   identity, and the manifest's own checksum. Its size grows with the number
   of ranks by one digest each.
 
-A checkpoint is a directory holding a manifest, whatever it is called. A run
-owns its checkpoint directory: every manifest records the run's identity
-(``training.run``, a digest of the settings that define its numbers, kept by a
-resumed run), and ``save`` refuses a directory holding checkpoints of another
-run (``owner_problem``), so rotation can only ever delete the run's own older
-checkpoints, and never the one just written.
+A run owns its checkpoint directory (``directory``): ``save`` refuses one
+holding another run's checkpoints, and one that another process is saving
+into (``lock``), so rotation can only ever delete the run's own checkpoints
+older than the one just written. Files are written into
+``ckpt-00000012.partial-<run>-<nonce>/``; the manifest is written last
+(``files.write``), then the directory is renamed into place. The ranks agree
+on the key first (``key``), so the key that signs and checks is every rank's.
 
-Files are written into ``ckpt-00000012.partial-<run>-<nonce>/``; the manifest is
-written last (``files.write``), then the directory is renamed into place. A
-directory without a manifest is a torn save: ``find_latest`` skips it with a
-message. Loading trusts the manifest's checksum, then its structure, then its
-meaning (``compat``), before any value is read. Elements are found by tensor
-name and index, so a checkpoint loads at any world size and stage
-(resharding), and a rank reads only the blocks holding the elements it owns.
+Loading trusts the manifest's checksum, then its structure, then its meaning
+(``compat``), before any value is read. Elements are found by tensor name and
+index, so a checkpoint loads at any world size and stage (resharding), and a
+rank reads only the blocks holding the elements it owns.
 """
 
 from __future__ import annotations
 
-import errno
 import math
 import os
-import re
-import secrets
 import shutil
 from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
 
-from mpizero.checkpoint import compat, manifest, replicated, structure
+from mpizero.checkpoint import compat, key, lock, manifest, replicated, structure
+from mpizero.checkpoint import directory as checkpoints
 from mpizero.checkpoint.layout import SavedLayout
 from mpizero.checkpoint.manifest import MANIFEST, CheckpointError
 from mpizero.checkpoint.shards import BLOCK_BYTES, CheckpointReader, file_name, write_rank_file
 from mpizero.comm import agree
 from mpizero.core import faults, files
 from mpizero.core.arrays import to_host
-
-NAME = re.compile(r"^ckpt-(\d{8})")
-PARTIAL = ".partial-"
-ASIDE = ".replaced-"  # an older copy of the same step, moved aside while the new one is renamed into place
 
 
 def save(
@@ -59,9 +51,10 @@ def save(
     """Write a checkpoint of ``engine`` into ``directory`` (collective); return its path.
 
     ``keep``: how many complete checkpoints to keep (>= 1; None keeps all). ``block_bytes``: the rank files'
-    digest block (a power of two, 512 bytes to 1 GiB). ``arrays``: host arrays every rank holds the same,
-    by name (a torch model's buffers and frozen parameters), written once (``replicated``). A failed save
-    raises the same CheckpointError on every rank and leaves nothing behind.
+    digest block (a power of two, 512 bytes to 1 GiB). ``training_state["data"]``: the caller's JSON values,
+    refused unless they would load back equal. ``arrays``: host arrays every rank holds the same, by name (a
+    torch model's buffers and frozen parameters), written once (``replicated``). A failed save raises the
+    same CheckpointError on every rank and leaves nothing behind.
     """
     if keep is not None and keep < 1:
         raise ValueError(f"keep must be >= 1 (or None to keep every checkpoint), got {keep}")
@@ -69,20 +62,21 @@ def save(
     if not (low <= block_bytes <= high and block_bytes & (block_bytes - 1) == 0):
         raise ValueError(f"block_bytes must be a power of two in [{low}, {high}], got {block_bytes}")
     rank, collectives = engine.comm.Get_rank(), engine.collectives
+    signing = key.agree(collectives)
+    _agreed(collectives, manifest.data_problem(training_state.get("data")), "checkpoint save")
     run = training_state.get("run") or compat.run_identity(compat.engine_settings(engine, training_state))
     training_state = {**training_state, "run": run}
-    step = int(training_state["step"])
-    final = os.path.join(directory, f"ckpt-{step:08d}")
+    final = os.path.join(directory, checkpoints.checkpoint_name(int(training_state["step"])))
     partial = collectives.bcast_object(
-        f"{final}{PARTIAL}{run}-{secrets.token_hex(4)}" if rank == 0 else None, "the save directory"
+        checkpoints.marked(final, checkpoints.PARTIAL, run) if rank == 0 else None, "the save directory"
     )
-    problem = (
-        (_found(lambda: owner_problem(directory, run)) or _attempt(lambda: os.makedirs(partial))) if rank == 0 else None
-    )
+    problem = None
+    if rank == 0:
+        problem = _found(lambda: _claim_problem(directory, run, True)) or _attempt(lambda: os.makedirs(partial))
     _agree(collectives, problem, partial)
     digest: list = []
     problem = _attempt(lambda: digest.append(_write_rank_file(engine, partial, rank, block_bytes)))
-    faults.maybe_kill("save", step, rank)
+    faults.maybe_kill("save", training_state["step"], rank)
     _agree(collectives, problem, partial)
     digests = collectives.gather_object(digest[0], "the rank files' digests")
     if rank == 0:
@@ -94,7 +88,9 @@ def save(
             "scales": engine.scale_state(),
         }
         problem = _attempt(
-            lambda: _publish({**record, "replicated": replicated.write(partial, arrays or {})}, partial, final, keep)
+            lambda: _publish(
+                {**record, "replicated": replicated.write(partial, arrays or {})}, partial, final, keep, signing
+            )
         )
     _agree(collectives, problem, partial)
     return final
@@ -134,15 +130,15 @@ def _write_rank_file(engine, partial: str, rank: int, block_bytes: int) -> str:
     return digest
 
 
-def _publish(record: dict, partial: str, final: str, keep: int | None) -> None:
+def _publish(record: dict, partial: str, final: str, keep: int | None, signing: bytes | None) -> None:
     """Seal and write the manifest last, then move the checkpoint into place and rotate the run's old ones.
 
     A checkpoint of the same run and step already there is moved aside first, so a crash leaves one of them whole.
     """
-    directory = os.path.dirname(final)
-    manifest.write(partial, record)
+    directory, run = os.path.dirname(final), record["training"]["run"]
+    manifest.write(partial, record, signing)
     files.fsync_directory(partial)
-    aside = f"{final}{ASIDE}{secrets.token_hex(4)}" if os.path.exists(final) else None
+    aside = checkpoints.marked(final, checkpoints.REPLACED, run) if os.path.exists(final) else None
     if aside:
         os.replace(final, aside)
     os.replace(partial, final)
@@ -150,7 +146,7 @@ def _publish(record: dict, partial: str, final: str, keep: int | None) -> None:
     if aside:
         shutil.rmtree(aside)
     if keep is not None:
-        _rotate(directory, keep, record["training"]["run"], final)
+        checkpoints.rotate(directory, keep, run, final)
 
 
 def _attempt(action) -> str | None:
@@ -174,9 +170,7 @@ def _found(check) -> str | None:
 
 def describe(error: OSError) -> str:
     """One line for an OS error: the file, the errno name and the message (``strerror`` may be None)."""
-    name = errno.errorcode.get(error.errno) if error.errno else None
-    text = error.strerror or str(error)
-    return (f"{error.filename}: " if error.filename else "") + (f"{name} ({text})" if name else text)
+    return (f"{error.filename}: " if error.filename else "") + files.describe(error)
 
 
 def _agree(collectives, problem: str | None, partial: str) -> None:
@@ -197,110 +191,20 @@ def _agreed(collectives, problem: str | None, context: str) -> None:
         raise CheckpointError(str(error)) from None
 
 
-@dataclass(frozen=True)
-class Found:
-    """A checkpoint in a directory: complete (it holds a manifest) or torn; its step and run, where known."""
-
-    path: str
-    complete: bool
-    step: int | None
-    run: str | None
+def _claim_problem(directory: str, run: str, continuing: bool) -> str | None:
+    """Lock ``directory`` for run ``run`` unless another process holds it or it may not save there (``claim``)."""
+    problem = lock.hold(directory, run) or checkpoints.owner_problem(directory, run, continuing)
+    if problem:
+        lock.release(directory)
+    return problem
 
 
-def catalog(directory: str) -> list[Found]:
-    """Every checkpoint in ``directory``: each sub-directory holding a manifest, and each torn save."""
-    found = []
-    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
-        path = os.path.join(directory, name)
-        numbered = NAME.match(name)
-        if PARTIAL in name:
-            found.append(Found(path, False, numbered and int(numbered[1]), name.split(PARTIAL)[1].split("-")[0]))
-        elif os.path.isfile(os.path.join(path, MANIFEST)):
-            found.append(Found(path, True, *_step_and_run(path)))
-        elif numbered and os.path.isdir(path):
-            found.append(Found(path, False, int(numbered[1]), None))
-    return found
-
-
-def _step_and_run(path: str) -> tuple[int | None, str | None]:
-    """A manifest's step and run identity, read with the parser's limits but not yet verified (for listing only)."""
-    try:
-        training = manifest.load_json(os.path.join(path, MANIFEST)).get("training")
-        step, run = training.get("step"), training.get("run")
-    except (CheckpointError, AttributeError):
-        return None, None
-    return (step if type(step) is int else None), (run if isinstance(run, str) else None)
-
-
-def owner_problem(directory: str, run: str) -> str | None:
-    """Why run ``run`` may not save into ``directory``: it is a checkpoint, or holds another run's (or None)."""
-    if os.path.isfile(os.path.join(directory, MANIFEST)):
-        return f"{directory} is a checkpoint itself: save into the directory that holds checkpoints"
-    others = [found for found in catalog(directory) if found.run != run]
-    if not others:
-        return None
-    shown = ", ".join(f"{os.path.basename(f.path)} (run {f.run or 'unknown'})" for f in others[:3])
-    return (
-        f"{directory} holds checkpoints of another run: {shown}; this run is {run}. "
-        "Save into another directory, or continue that run with --resume"
-    )
-
-
-def claim(collectives, directory: str, run: str) -> None:
-    """Raise the same CheckpointError on every rank unless run ``run`` may save into ``directory`` (collective)."""
-    problem = _found(lambda: owner_problem(directory, run)) if collectives.comm.Get_rank() == 0 else None
+def claim(collectives, directory: str, run: str, continuing: bool) -> None:
+    """Raise the same CheckpointError on every rank unless run ``run`` may save into ``directory``, and hold it for
+    this run (collective): it is no checkpoint, holds no other run's checkpoints, nothing else is saving into it,
+    and, unless the run is ``continuing``, it holds none of the run's own."""
+    problem = _found(lambda: _claim_problem(directory, run, continuing)) if collectives.comm.Get_rank() == 0 else None
     _agreed(collectives, problem, "--checkpoint-dir")
-
-
-def _rotate(directory: str, keep: int, run: str, written: str) -> None:
-    """Delete run ``run``'s complete checkpoints beyond the ``keep`` newest (``written`` always kept), and its
-    torn saves up to ``written``'s step."""
-    found = catalog(directory)
-    step = next(f.step for f in found if f.path == written)
-    ours = [f for f in found if f.complete and f.run == run and f.step is not None and f.path != written]
-    older = sorted(ours, key=lambda f: f.step)
-    stale = [f for f in found if not f.complete and f.run == run and f.step is not None and f.step <= step]
-    for f in older[: max(len(older) - (keep - 1), 0)] + stale:
-        shutil.rmtree(f.path)
-
-
-def find_latest(directory: str) -> tuple[str | None, list[str]]:
-    """Return the newest complete checkpoint under ``directory`` (or None) and a message per one skipped."""
-    found = catalog(directory)
-    skipped = [
-        f"skipping torn checkpoint {f.path} (no manifest: the save did not finish)" for f in found if not f.complete
-    ]
-    skipped += [f"skipping {f.path} (its manifest is unreadable)" for f in found if f.complete and f.step is None]
-    complete = [f for f in found if f.complete and f.step is not None]
-    newest = max(complete, key=lambda f: (f.step, ASIDE not in os.path.basename(f.path), f.path), default=None)
-    return (newest.path if newest else None), skipped
-
-
-def resolve(path: str) -> tuple[str, list[str]]:
-    """A checkpoint itself (a directory holding a manifest), or the newest under a directory; plus skip messages."""
-    if os.path.isfile(os.path.join(path, MANIFEST)):
-        return path, []
-    try:
-        latest, skipped = find_latest(path)
-    except OSError as error:
-        raise CheckpointError(f"{path}: cannot list it ({describe(error)})") from None
-    if latest is None:
-        raise CheckpointError(f"{path}: no complete checkpoint found")
-    return latest, skipped
-
-
-def resolve_agreed(collectives, path: str) -> tuple[str, list[str]]:
-    """``resolve`` on rank 0, its answer on every rank (or the same CheckpointError on every rank)."""
-    found = None
-    if collectives.comm.Get_rank() == 0:
-        try:
-            found = resolve(path)
-        except CheckpointError as error:
-            found = str(error)
-    found = collectives.bcast_object(found, "the checkpoint to load")
-    if isinstance(found, str):
-        raise CheckpointError(found)
-    return found
 
 
 @dataclass(frozen=True)
@@ -322,7 +226,8 @@ def load(engine, path: str, overrides: Collection[str] = (), how=compat.CLI_OVER
     Any problem raises the same error on every rank; ``how(name)`` tells the user how to let a recorded
     hyper-parameter differ (``--resume-override`` by default).
     """
-    saved, problem, bytes_read, arrays = _manifest_from_rank_0(engine.collectives, path), None, 0, {}
+    signing = key.agree(engine.collectives)
+    saved, problem, bytes_read, arrays = _manifest_from_rank_0(engine.collectives, path, signing), None, 0, {}
     try:
         compat.check(engine, saved, os.path.join(path, MANIFEST), overrides, how)
         with CheckpointReader(path, saved) as reader:
@@ -353,12 +258,13 @@ def _host_buffer(array):
     return np.empty(array.shape, dtype=np.float32)
 
 
-def _manifest_from_rank_0(collectives, path: str) -> dict:
-    """The checkpoint's manifest, read and verified on rank 0 only and broadcast; or the same error everywhere."""
+def _manifest_from_rank_0(collectives, path: str, signing: bytes | None) -> dict:
+    """The checkpoint's manifest, read and verified (under ``signing``, every rank's key) on rank 0 only and
+    broadcast; or the same error everywhere."""
     found = None
     if collectives.comm.Get_rank() == 0:
         try:
-            found = manifest.read(path)
+            found = manifest.read(path, signing)
         except CheckpointError as error:
             found = str(error)
     found = collectives.bcast_object(found, "the checkpoint manifest")
@@ -369,9 +275,10 @@ def _manifest_from_rank_0(collectives, path: str) -> dict:
 def consolidate(path: str, output: str, include_optimizer: bool = False) -> list[str]:
     """Write every tensor's full fp32 parameters (and optionally optimizer state) by name to ``output`` (.npz).
 
-    The manifest is verified (checksum, structure) before any value is read, and every block as it is read.
+    The manifest is verified (checksum, signature under this process's key, structure) before any value is
+    read, and every block as it is read.
     """
-    saved = manifest.read(path)
+    saved = manifest.read(path, key.read())
     states, tensors = saved["states"] if include_optimizer else ["master"], saved["tensors"]
     found = {}
     with CheckpointReader(path, saved) as reader:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mpizero.checkpoint import directory
 from mpizero.checkpoint import store as checkpoint
+from mpizero.cli import options
 from mpizero.comm import agree
 from mpizero.comm.collectives import Collectives
 
@@ -22,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="a checkpoint directory, or a directory of checkpoints")
     parser.add_argument("output", help="the .npz file to write")
     parser.add_argument("--optimizer", action="store_true", help="include the optimizer state")
+    options.add(parser, "watchdog", help="seconds the other ranks may wait for rank 0 to finish (0: forever)")
 
 
 def check(args, world_size: int) -> None:
@@ -42,12 +45,12 @@ def run(args, comm) -> int:
             problem = str(error)
         except OSError as error:
             problem = f"cannot write {checkpoint.describe(error)}"
-    agree.raise_if_any(Collectives(comm), problem, "cannot consolidate")
+    agree.raise_if_any(Collectives(comm, args.watchdog or None), problem, "cannot consolidate")
     return 0
 
 
 def _consolidate(args) -> None:
-    path, torn = checkpoint.resolve(args.checkpoint)
+    path, torn = directory.resolve(args.checkpoint)
     for message in torn:
         print(message, file=sys.stderr)
     names = checkpoint.consolidate(path, args.output, include_optimizer=args.optimizer)

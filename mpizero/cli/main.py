@@ -2,10 +2,11 @@
 
 One rank works too: ``python -m mpizero verify``. Bad input (a flag out of
 range, flags that contradict each other, an output file that cannot be
-written) is found before any work, printed once on one line, and exits with
+written, ranks that run different mpizero code or hold different checkpoint
+keys) is found before any work, printed once on one line, and exits with
 status 2; so is an error every rank agreed on during the run. Any other
 exception on any rank prints that rank's traceback and aborts the whole job,
-so no rank waits forever.
+and Ctrl-C on any rank ends the whole job, so no rank waits forever.
 """
 
 from __future__ import annotations
@@ -18,17 +19,17 @@ import traceback
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
-from mpizero.cli import check, consolidate, estimate, example, options, plot, train, verify
-from mpizero.comm import launch
+from mpizero.checkpoint import key
+from mpizero.cli import check, consolidate, estimate, example, options, outputs, plot, train, verify
+from mpizero.comm import interrupt, launch
 from mpizero.comm.collectives import Collectives
-from mpizero.core import files
 from mpizero.core.errors import ZeroError
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 # Each command module has: add_arguments(parser), check(args, world_size) (raises ZeroError and fills in
-# defaults that depend on the world size), OUTPUTS ({dest: flag} of files rank 0 writes), OUTPUT_DIRS (directories
-# it writes into), INPUTS (files or checkpoints it reads, which no output may overwrite) and run(args, comm).
+# defaults that depend on the world size), OUTPUTS ({dest: flag} of files rank 0 writes), OUTPUT_DIRS (checkpoint
+# directories it writes into), INPUTS (checkpoints it reads, which no output may overwrite) and run(args, comm).
 COMMANDS = {
     "example": example,
     "verify": verify,
@@ -76,31 +77,34 @@ def make_parser() -> Parser:
     return parser
 
 
-def check_paths(args, module, comm) -> None:
-    """Raise on every rank unless rank 0 can write every output the flags name without clobbering an input."""
+def check_paths(args, module, collectives) -> None:
+    """Raise on every rank unless rank 0 can write every output the flags name without clobbering a checkpoint,
+    an input or another output."""
     tables = {"outputs": module.OUTPUTS, "inputs": module.INPUTS, "directories": module.OUTPUT_DIRS}
-    named = {
-        key: {flag: getattr(args, d) for d, flag in table.items() if getattr(args, d)} for key, table in tables.items()
-    }
+    named = {kind: _given(args, table) for kind, table in tables.items()}
     if not named["outputs"] and not named["directories"]:
         return
-    problems = None
-    if comm.Get_rank() == 0:
-        problems = files.output_problems(named["outputs"], named["inputs"], named["directories"])
-        problems += [p for flag, path in named["directories"].items() for p in files.directory_problems(flag, path)]
-    if comm.Get_size() > 1:
-        problems = Collectives(comm).bcast_object(problems, "the output-file check")
-    options.raise_problems(problems)
+    found = outputs.problems(**named) if collectives.comm.Get_rank() == 0 else None
+    options.raise_problems(collectives.bcast_object(found, "the output-file check"))
+
+
+def _given(args, table: dict[str, str]) -> dict[str, str]:
+    """``{flag: path}`` of the flags in ``table`` (``{dest: flag}``) that were given."""
+    return {flag: getattr(args, dest) for dest, flag in table.items() if getattr(args, dest)}
 
 
 def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
+    interrupt.end_job_on_interrupt(comm.Get_rank())
     try:
         launch.refuse_split_launch()
         args = make_parser().parse_args(argv)
         module = COMMANDS[args.command]
+        collectives = Collectives(comm, getattr(args, "watchdog", options.WATCHDOG_SECONDS) or None)
+        if module.INPUTS or module.OUTPUT_DIRS:  # a command that reads or writes checkpoints
+            key.agree(collectives)
         module.check(args, comm.Get_size())
-        check_paths(args, module, comm)
+        check_paths(args, module, collectives)
         if not any(v in os.environ for v in THREAD_VARIABLES):
             threadpool_limits(limits=1)  # one BLAS thread per rank: reproducible, and cores not oversubscribed
         return module.run(args, comm)

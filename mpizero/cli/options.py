@@ -60,6 +60,7 @@ def number(minimum: float, above: bool = False):
 
 
 MAX_RANKS = 2**31 - 1  # an MPI rank is a C int
+WATCHDOG_SECONDS = 300.0  # also for the collectives of commands without --watchdog
 
 OPTIONS = {
     "model": (["--model"], dict(default="mlp", choices=list(MODELS), help="the model and the data it trains on")),
@@ -100,7 +101,7 @@ OPTIONS = {
     ),
     "watchdog": (
         ["--watchdog"],
-        dict(type=number(0), default=300.0, help="seconds a collective may wait (0: forever)"),
+        dict(type=number(0), default=WATCHDOG_SECONDS, help="seconds a collective may wait (0: forever)"),
     ),
     "width": (["--width"], dict(type=whole(1), default=None, help="hidden width (default: mlp 128, transformer 64)")),
     "layers": (["--layers"], dict(type=whole(1), default=2, help="hidden layers (mlp) or blocks (transformer)")),

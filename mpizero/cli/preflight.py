@@ -1,14 +1,15 @@
-"""Checks ``train`` makes before its first step, once the model is built: data, memory, disk, checkpoint key.
+"""Checks ``train`` makes before its first step, once the model is built: data, memory, disk, checkpoint files.
 
 Each rank checks what it can see (its host's available memory for the ranks
-on it, the free space where rank 0 will write) and the ranks agree, so a run
-that could not finish stops now, on every rank with the same message, rather
-than after its steps.
+on it, the free space where rank 0 will write, whether rank 0 can create the
+files of the last checkpoint it will save) and the ranks agree, so a run that
+could not finish stops now, on every rank with the same message, rather than
+after its steps. (The key is agreed earlier, by ``main``.)
 """
 
 from __future__ import annotations
 
-from mpizero.checkpoint import manifest
+from mpizero.checkpoint import directory
 from mpizero.comm import agree
 from mpizero.core import files, formulas
 from mpizero.core.memory import format_bytes
@@ -21,7 +22,7 @@ RANK_ROW_BYTES = 256  # room for one rank's peaks in --memory-json
 
 def check(args, task, data, collectives) -> None:
     """Raise the same ZeroError on every rank if the data, the memory or the disk cannot hold this run."""
-    problems, units = task.data_problems(data) + key_problems(), task.unit_runs(data)
+    problems, units = task.data_problems(data), task.unit_runs(data)
     numel = sum(sum(unit.tensors) * unit.count for unit in units)
     if not args.no_memory_check:
         ranks = collectives.comm.Get_size()
@@ -32,17 +33,18 @@ def check(args, task, data, collectives) -> None:
         else:
             problems += memory_problems(needed, collectives.node.Get_size(), available_memory(), "on this host")
     if collectives.comm.Get_rank() == 0:
-        problems += files.space_problems(space_needed(args, numel, collectives.comm.Get_size()))
+        ranks = collectives.comm.Get_size()
+        problems += files.space_problems(space_needed(args, numel, ranks)) + save_problems(args, ranks)
     agree.raise_if_any(collectives, "; ".join(problems) or None, "before the first step")
 
 
-def key_problems() -> list[str]:
-    """Whether the checkpoint key, if one is set, can be read (each rank reads its own environment)."""
-    try:
-        manifest.signing_key()
-    except manifest.CheckpointError as error:
-        return [str(error)]
-    return []
+def save_problems(args, ranks: int) -> list[str]:
+    """Whether rank 0 can create the files of the last checkpoint this run saves (their names are the longest)."""
+    if not args.checkpoint_dir:
+        return []
+    last = args.steps - args.steps % args.checkpoint_every
+    problem = directory.save_problem(args.checkpoint_dir, last, ranks)
+    return [f"--checkpoint-dir {args.checkpoint_dir}: {problem}"] if problem else []
 
 
 def predicted_bytes(args, units: list, ranks: int) -> int:

@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Callable
 
-from mpizero.checkpoint import compat
+from mpizero.checkpoint import compat, directory
 from mpizero.checkpoint import store as checkpoint
 from mpizero.cli import options, preflight
 from mpizero.comm import agree
@@ -178,7 +178,7 @@ def run(args, comm) -> int:
         done, run_id = resume(args, engine, trainer, settings)
         first_step = done + 1
     if args.checkpoint_dir:
-        checkpoint.claim(engine.collectives, args.checkpoint_dir, run_id)
+        checkpoint.claim(engine.collectives, args.checkpoint_dir, run_id, continuing=bool(args.resume))
     size = args.global_batch // args.micro_batches
 
     def batch(m: int, step: int):
@@ -279,7 +279,7 @@ def resume(args, engine, trainer, settings: dict) -> tuple[int, str]:
     (``--resume-override NAME`` lets NAME differ), and ``--steps`` must go past its step.
     """
     comm = engine.comm
-    path, torn = checkpoint.resolve_agreed(engine.collectives, args.resume)
+    path, torn = directory.resolve_agreed(engine.collectives, args.resume)
     if comm.Get_rank() == 0:
         for message in torn:
             print(message, flush=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from mpizero.comm import agree, cuda_aware, paths
+from mpizero.comm import agree, cuda_aware, identity, paths
 from mpizero.comm.hierarchical import TwoLevel
 from mpizero.comm.pending import Pending
 from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
@@ -98,7 +98,7 @@ class Collectives:
         """Settle and agree the communication paths (collective: every rank builds its Collectives together)."""
         self.comm = comm
         self.traffic = Traffic()
-        self.watchdog = Watchdog(watchdog_seconds, comm.Get_rank())
+        self.watchdog = Watchdog(watchdog_seconds, comm)
         with self.watchdog.waiting("set-up: splitting ranks by node"):
             self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.arenas: dict = {}  # key -> SharedArena; "bucket" is the one stages 2-3 share
@@ -109,7 +109,8 @@ class Collectives:
 
     def _settle_paths(self, on_device: bool) -> paths.CommPaths:
         asked = {v: os.environ.get(v) for v in (paths.ENV_VAR, cuda_aware.ENV_VAR, STAGING_ENV_VAR)}
-        agree.raise_unless_equal(self, {f"the environment's {v}": value for v, value in asked.items()})
+        environment = {f"the environment's {v}": value for v, value in asked.items()}
+        agree.raise_unless_equal(self, {**identity.fields(), **environment})
         leader = self.node.Get_rank() == 0
         sizes = self.allgather_object(self.node.Get_size() if leader else 0, "the ranks per node")
         per_node = tuple(n for n in sizes if n)
@@ -205,8 +206,16 @@ class Collectives:
         return self._control(f"gather of {what}", value, lambda: self.comm.gather(value, root=root), gathers=True)
 
     def allreduce_value(self, value, op: MPI.Op, what: str):
-        """``op`` (``MPI.MAX``, ``MPI.SUM``, ``MPI.LAND``, ...) over every rank's Python scalar."""
-        return self._control(f"allreduce of {what}", value, lambda: self.comm.allreduce(value, op=op))
+        """``op`` (``MPI.MAX``, ``MPI.SUM``, ``MPI.LAND``, ...) over every rank's Python scalar.
+
+        mpi4py's object all-reduce holds the GIL while it waits, which would stop the watchdog's thread;
+        so the wait is a nonblocking barrier's, after which every rank is there and the all-reduce is quick.
+        """
+        return self._control(f"allreduce of {what}", value, lambda: self._allreduce_object(value, op))
+
+    def _allreduce_object(self, value, op: MPI.Op):
+        self.comm.Ibarrier().Wait()
+        return self.comm.allreduce(value, op=op)
 
     def allreduce_array(self, send: np.ndarray, op: MPI.Op, what: str) -> np.ndarray:
         """``op`` over every rank's small host array (a control message: counted as agreement)."""

@@ -1,9 +1,16 @@
-"""A hang watchdog: if a collective waits too long, say which one, where, and end the job.
+"""A hang watchdog: if a collective waits too long, or for a rank that has finished, say so and end the job.
 
-Each rank watches its own waits. When one collective has waited ``seconds``,
-the rank prints ``rank R: waited S s in OP (CONTEXT)`` and exits with status 3;
-``mpiexec`` then ends the other ranks, which print their own lines if they
-were waiting too. Off unless ``seconds`` is set.
+Each rank watches its own waits, from a thread that runs whatever the main
+thread is blocked in. When one collective has waited ``seconds``, the rank
+prints ``rank R: waited S s in OP (CONTEXT)`` and exits with status 3;
+``mpiexec`` then ends the other ranks, which print their own lines if they were
+waiting too. The time limit is off unless ``seconds`` is set.
+
+A wait that has lasted ``GRACE`` seconds while another rank is known to have
+finished (``departures``) can never end: it ends the job at once, naming that
+rank. The grace lets a collective the finished rank took part in complete
+here. Waits while this rank's own program is ending (exit-time clean-up) are
+left to the time limit; the thread then hands on this rank's own notice.
 """
 
 from __future__ import annotations
@@ -14,18 +21,28 @@ import sys
 import threading
 import time
 
+from mpi4py import MPI
+
+from mpizero.comm.departures import Departures
+
 EXIT_STATUS = 3
+GRACE = 2.0
+POLL = 0.25
 
 
 class Watchdog:
-    """Ends the process when a wait inside ``waiting`` outlasts ``seconds``."""
+    """Ends the process when a wait inside ``waiting`` outlasts ``seconds``, or waits for a finished rank."""
 
-    def __init__(self, seconds: float | None, rank: int) -> None:
-        self.seconds, self.rank = seconds, rank
+    def __init__(self, seconds: float | None, comm: MPI.Comm) -> None:
+        """Watch this rank's waits on ``comm`` (collective: it sets up the notices of finished ranks)."""
+        self.seconds, self.rank = seconds, comm.Get_rank()
         self.context = "set-up"
         self._current: tuple[str, float] | None = None
-        if seconds is not None:
+        self.departures: Departures | None = None
+        if seconds is not None or comm.Get_size() > 1:
             threading.Thread(target=self._watch, name="mpizero-watchdog", daemon=True).start()
+        with self.waiting("set-up: a communicator for notices of finished ranks"):
+            self.departures = Departures(comm)
 
     @contextlib.contextmanager
     def waiting(self, op: str):
@@ -37,15 +54,25 @@ class Watchdog:
             self._current = None
 
     def _watch(self) -> None:
+        program, heard_at = threading.main_thread(), None
         while True:
-            time.sleep(min(1.0, self.seconds / 4))
-            current = self._current
-            if current is not None and time.monotonic() - current[1] > self.seconds:
-                op, since = current
-                print(
-                    f"mpizero watchdog: rank {self.rank}: waited {time.monotonic() - since:.1f} s in {op} "
-                    f"({self.context}); ending the job",
-                    file=sys.stderr,
-                    flush=True,
+            time.sleep(POLL if self.seconds is None else min(POLL, self.seconds / 4))
+            departures, current, now = self.departures, self._current, time.monotonic()
+            if departures is not None and not program.is_alive():  # exit-time clean-up may wait: tell others first
+                departures.leave()
+            if current is None:
+                continue
+            if self.seconds is not None and now - current[1] > self.seconds:
+                self._end(f"waited {now - current[1]:.1f} s in {current[0]} ({self.context})")
+            finished = departures.finished() if departures is not None and program.is_alive() else []
+            heard_at = heard_at or (now if finished else None)
+            if finished and now - max(current[1], heard_at) > GRACE:
+                who = f"rank {finished[0]}" if len(finished) == 1 else f"ranks {finished}"
+                self._end(
+                    f"{who} finished (exited or called MPI_Finalize) while this rank waits in "
+                    f"{current[0]} ({self.context})"
                 )
-                os._exit(EXIT_STATUS)
+
+    def _end(self, why: str) -> None:
+        print(f"mpizero watchdog: rank {self.rank}: {why}; ending the job", file=sys.stderr, flush=True)
+        os._exit(EXIT_STATUS)

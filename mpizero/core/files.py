@@ -1,15 +1,20 @@
-"""Output files: written whole or not at all, never over an input, another output, or something not a file.
+"""Files in and out: outputs written whole or not at all, never over an input, another output, or something
+not a file; inputs read only once they are known to be regular files.
 
 ``write`` is the one way mpizero writes an output file (``--save-params``,
 ``--memory-json``, consolidate's ``.npz``, plots, checkpoint manifests): into
 a temporary file beside the target, fsynced, then renamed into place, so a
-reader sees the old file or the new one, never a part. ``output_problems``,
+reader sees the old file or the new one, never a part. ``output_problems``
+(which tries to create each output's temporary file: ``creation_problem``),
 ``directory_problems`` and ``space_problems`` are the checks made before any
-work, each problem one line naming the flag and the path.
+work, each problem one line naming the flag and the path. ``read_regular``
+reads a file that a FIFO or a device in its place would make wait forever
+(a key file, a manifest).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
@@ -31,7 +36,7 @@ def write(path: str, fill: Callable[[BinaryIO], None]) -> None:
     if problem:
         raise OutputError(f"{path} {problem}: refusing to replace it")
     folder = os.path.dirname(os.path.abspath(path))
-    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(3)}"
+    tmp = temporary_name(path)
     try:
         with open(tmp, "xb") as f:
             fill(f)
@@ -43,6 +48,23 @@ def write(path: str, fill: Callable[[BinaryIO], None]) -> None:
             os.unlink(tmp)
         raise
     fsync_directory(folder)
+
+
+def temporary_name(path: str) -> str:
+    """The temporary file ``write`` fills beside ``path`` before it renames it into place."""
+    return f"{path}.tmp-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def creation_problem(path: str) -> OSError | None:
+    """Why the temporary file ``write`` will use for ``path`` cannot be created (None if it can): a name or
+    path too long, a symlink loop, no permission, a read-only file system. Tried for real, then removed."""
+    tmp = temporary_name(path)
+    try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as error:
+        return error
+    os.unlink(tmp)
+    return None
 
 
 def fsync_directory(path: str) -> None:
@@ -57,14 +79,38 @@ def fsync_directory(path: str) -> None:
 def _not_a_regular_file(path: str) -> str | None:
     """What ``path`` is if it exists and is not a regular file (a directory, a device, a FIFO), else None."""
     try:
-        mode = os.stat(path).st_mode
+        kind = _kind(os.stat(path).st_mode)
     except FileNotFoundError:
         return None
+    return f"is {kind}, not a file" if kind else None
+
+
+def _kind(mode: int) -> str | None:
+    """What a file of ``mode`` is, unless it is a regular file: ``a FIFO``, ``a directory``, ..."""
     if stat.S_ISREG(mode):
         return None
     kinds = {stat.S_ISDIR: "a directory", stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device"}
     kinds.update({stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket"})
-    return "is " + next((name for test, name in kinds.items() if test(mode)), "not a regular file") + ", not a file"
+    return next((name for test, name in kinds.items() if test(mode)), "not a regular file")
+
+
+class NotRegular(OSError):
+    """A file to read that is not a regular file: refused before a read of it could wait forever."""
+
+
+def read_regular(path: str, limit: int) -> bytes:
+    """Up to ``limit`` bytes of ``path``, once it is known to be a regular file: checked before it is opened
+    (reading a FIFO or a terminal can wait forever), opened without blocking, and checked again once open."""
+    _refuse_unless_regular(os.stat(path).st_mode)
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        _refuse_unless_regular(os.fstat(f.fileno()).st_mode)  # replaced since it was checked
+        return f.read(limit)
+
+
+def _refuse_unless_regular(mode: int) -> None:
+    kind = _kind(mode)
+    if kind:
+        raise NotRegular(f"is {kind}, not a regular file: refused without reading it (a read could wait forever)")
 
 
 def _in_system_tree(path: str) -> str | None:
@@ -117,7 +163,10 @@ def _output_problem(flag: str, path: str) -> str | None:
     tree = _in_system_tree(path)
     if tree:
         return f"{flag} {path} is under {tree}: not a place for output"
-    kind = _not_a_regular_file(path)
+    try:
+        kind = _not_a_regular_file(path)
+    except OSError as error:  # a name too long to look up, a symlink loop
+        return f"{flag} {path}: {describe(error)}"
     if kind:
         return f"{flag} {path} {kind}"
     folder = os.path.dirname(os.path.abspath(path))
@@ -125,7 +174,15 @@ def _output_problem(flag: str, path: str) -> str | None:
         return f"{flag} {path}: directory {folder} does not exist"
     if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         return f"{flag} {path} is not writable"
-    return None
+    error = creation_problem(path)
+    return f"{flag} {path}: cannot create its temporary file {error.filename}: {describe(error)}" if error else None
+
+
+def describe(error: OSError) -> str:
+    """An OS error as its errno's name and message, e.g. ``ENAMETOOLONG (File name too long)``."""
+    name = errno.errorcode.get(error.errno) if error.errno else None
+    text = error.strerror or str(error)
+    return f"{name} ({text})" if name else text
 
 
 def directory_problems(flag: str, path: str) -> list[str]:

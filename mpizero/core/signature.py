@@ -2,10 +2,11 @@
 
 The parameters are checked at the door (``params_problem``); then every rank's
 set-up signature, field by field, must equal rank 0's (``setup_signature``):
-same tensors, groups, settings, communication paths, optimizer and initial
-values. Full arrays exist on every rank, so their values are hashed whole; a
-``ShardedInit`` holds no values, so its ``identity`` stands for them (the
-engine then digests the shards each rank made: ``digest``).
+same tensors, groups, settings, communication paths, optimizer, checkpoint key
+(its digest: ``checkpoint.key``) and initial values. Full arrays exist on
+every rank, so their values are hashed whole; a ``ShardedInit`` holds no
+values, so its ``identity`` stands for them (the engine then digests the
+shards each rank made: ``digest``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from math import prod
 
 import numpy as np
 
+from mpizero.checkpoint import key
 from mpizero.core.arrays import device_module, to_host
 from mpizero.core.errors import ZeroError
 from mpizero.core.init import ShardedInit
@@ -72,6 +74,7 @@ def setup_signature(params: Mapping | ShardedInit, group_names, config, paths, o
         "the settings": config,
         "the communication paths": paths,
         "the optimizer": optimizer,
+        "the checkpoint key": key.described(),
         **values,
     }
 

@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 from mpizero import AdamW, ZeroEngine
 from mpizero.checkpoint import manifest, store
+from mpizero.checkpoint.directory import resolve
 from mpizero.checkpoint.layout import SavedLayout
 from mpizero.checkpoint.shards import DIGEST, blocks, bytes_to_read
 
@@ -47,9 +48,9 @@ def save(directory: str) -> None:
 
 def load(directory: str, stage: int) -> None:
     engine = engine_at(stage, seed=2)  # other values: every one must come from the checkpoint
-    path, _ = store.resolve(directory)
+    path, _ = resolve(directory)
     loaded = store.load(engine, path)
-    saved = manifest.read(path)
+    saved = manifest.read(path, None)
     layout = SavedLayout.of_manifest(saved)
     owned = [(p.spec.name, p.start, p.stop) for p in engine.owned_pieces()]
     states = len(saved["states"])
@@ -75,7 +76,7 @@ def padding(action: str, directory: str) -> None:
         store.save(engine, directory, training)
         return
     try:
-        store.load(engine, store.resolve(directory)[0])
+        store.load(engine, resolve(directory)[0])
         outcome = "loaded"
     except store.CheckpointError as error:
         outcome = f"refused: {error}"
