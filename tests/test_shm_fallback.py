@@ -32,6 +32,6 @@ def test_a_small_dev_shm_falls_back_to_mpi_with_a_notice_and_the_same_bytes(tmp_
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    notices = [line for line in done.stderr.splitlines() if "too few for the shared-memory reduce-scatter" in line]
+    notices = [line for line in done.stderr.splitlines() if "no room for the shared-memory reduce-scatter" in line]
     assert len(notices) == 1 and "/dev/shm has" in notices[0], done.stderr
     assert (tmp_path / "small.npy").read_bytes() == (tmp_path / "shared.npy").read_bytes()

@@ -19,6 +19,7 @@ import contextlib
 import functools
 import os
 import pickle
+import resource
 import sys
 import time
 from collections import Counter
@@ -31,7 +32,7 @@ from mpizero.comm import agree, cuda_aware, identity, paths
 from mpizero.comm.hierarchical import TwoLevel
 from mpizero.comm.pending import Pending
 from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
-from mpizero.comm.shared import SHM_DIR, OwnerSums, SharedArena, shm_has_room
+from mpizero.comm.shared import OwnerSums, SharedArena, window_room_problem
 from mpizero.comm.transport import STAGING_ENV_VAR, Transport, requested_staging
 from mpizero.comm.watchdog import Watchdog
 from mpizero.core.arrays import array_module
@@ -138,15 +139,16 @@ class Collectives:
         return arena.buffer(numel, dtype)
 
     def _room_for(self, more_bytes: int) -> bool:
-        """Agree whether the node's shared memory can take ``more_bytes`` more per rank; fall back if not."""
-        room, free = shm_has_room(more_bytes * self.node.Get_size())
-        if self.allreduce_value(room, MPI.LAND, "room for the shared-memory arena"):
+        """Agree whether a node-shared window can grow by ``more_bytes`` per rank (``window_room_problem`` on
+        every rank); if not, fall back to MPI's reduce-scatter for good and say why, once."""
+        problem = window_room_problem(more_bytes * self.node.Get_size())
+        if self.allreduce_value(problem is None, MPI.LAND, "room for the shared-memory arena"):
             return True
+        said = agree.by_rank(self.allgather_object(problem, "why there is no room for the shared-memory arena"))
         self.paths = self.paths.without_shared()
         if self.comm.Get_rank() == 0:
             print(
-                f"mpizero: {SHM_DIR} has {free} bytes free, too few for the shared-memory reduce-scatter "
-                f"({more_bytes * self.node.Get_size()} more): using MPI's reduce-scatter instead",
+                f"mpizero: no room for the shared-memory reduce-scatter ({said}): using MPI's reduce-scatter instead",
                 file=sys.stderr,
                 flush=True,
             )
@@ -154,8 +156,11 @@ class Collectives:
 
     def owner_sums(self, key, numel: int, dtype):
         """The node-shared accumulators ``key`` (``OwnerSums``, ``numel`` elements per rank), made at first use
-        (collective then), or None unless every rank shares this host's memory."""
+        (collective then), or None unless every rank shares this host's memory and none has an address-space
+        limit (each rank maps every rank's accumulators: at stage 3 that is more than its shards)."""
         if not self.shared or self.paths.two_level or self.node.Get_size() != self.comm.Get_size():
+            return None
+        if key not in self.sums and self._address_space_limited:
             return None
         if key not in self.sums and not self._room_for(numel * np.dtype(dtype).itemsize):
             return None
@@ -163,6 +168,12 @@ class Collectives:
             with self.watchdog.waiting("set-up of owner sums"):
                 self.sums[key] = OwnerSums(self.node, self.watchdog, numel, dtype)
         return self.sums[key]
+
+    @functools.cached_property
+    def _address_space_limited(self) -> bool:
+        """Whether any rank runs under an address-space limit (``RLIMIT_AS``; collective at first use)."""
+        limited = resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
+        return self.allreduce_value(limited, MPI.LOR, "whether any rank has an address-space limit")
 
     def push_reduce(self, sums, add_block, full_bytes: int) -> None:
         """Sum one round into every rank's accumulator (``OwnerSums.push``), counted as a reduce-scatter of a

@@ -28,6 +28,7 @@ import ctypes
 import functools
 import mmap
 import os
+import resource
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,14 +42,33 @@ SHM_DIR = "/dev/shm"  # where MPICH and Open MPI back shared windows on Linux
 HEADROOM = 1.25  # the window's own bookkeeping, and other users of the same tmpfs
 
 
-def shm_has_room(nbytes: int) -> tuple[bool, int]:
-    """Whether the shared-memory filesystem has room for ``nbytes`` more; and its free bytes."""
+def window_room_problem(nbytes: int) -> str | None:
+    """Why a node-shared window of ``nbytes`` (every rank's segment) would not fit here, or None if it would.
+
+    Two limits: the shared-memory filesystem's free bytes, and this process's address-space limit
+    (``RLIMIT_AS``, as ``ulimit -v`` or a batch system sets it), since each rank maps the whole window.
+    """
     try:
         stat = os.statvfs(SHM_DIR)
     except OSError:
-        return True, -1  # no such filesystem here: the MPI library backs windows elsewhere
-    free = stat.f_bavail * stat.f_frsize
-    return free >= nbytes * HEADROOM, free
+        stat = None  # no such filesystem here: the MPI library backs windows elsewhere
+    if stat is not None and stat.f_bavail * stat.f_frsize < nbytes * HEADROOM:
+        return f"{SHM_DIR} has {stat.f_bavail * stat.f_frsize} bytes free, too few for {nbytes} more"
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit != resource.RLIM_INFINITY:
+        left = limit - mapped_bytes()
+        if left < nbytes * HEADROOM:
+            return f"the address-space limit (RLIMIT_AS) leaves {left} bytes, too few to map {nbytes} more"
+    return None
+
+
+def mapped_bytes() -> int:
+    """This process's address space in use now (Linux's ``/proc/self/statm``; 0 where it cannot be read)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[0]) * mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 class SharedArena:
