@@ -26,6 +26,11 @@ fi
 # One BLAS and torch thread per rank (torch reads OMP_NUM_THREADS): N ranks of one thread fill N cores,
 # N ranks of many threads each would fight over them.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+# More ranks than cores: MPICH's waiting ranks would spin and take the cores from those that work; this makes
+# them sleep between polls (Open MPI yields by itself under --oversubscribe).
+if [ "$ranks" -gt "$(nproc)" ]; then
+  export MPIR_CVAR_ENABLE_HEAVY_YIELD="${MPIR_CVAR_ENABLE_HEAVY_YIELD:-1}"
+fi
 runner=mpizero
 case "$1" in *.py) runner=mpi4py ;; esac  # your script: mpi4py runs it and aborts the job if a rank raises
 exec "${launcher[@]}" -n "$ranks" "${PYTHON:-python}" -m "$runner" "$@"

@@ -88,6 +88,24 @@ def test_local_launch_script_hands_a_script_its_arguments_and_one_thread(tmp_pat
     assert done.stdout.strip() == f"ARGS -n 4 {sys.executable} -m mpi4py my_train.py --lr 3e-4 threads 1", done.stdout
 
 
+@pytest.mark.parametrize("more_than_cores", [False, True])
+def test_local_launch_script_lets_waiting_ranks_sleep_only_with_more_ranks_than_cores(tmp_path, more_than_cores):
+    answer = 'if [ "$1" = --version ]; then echo HYDRA; else echo "yield ${MPIR_CVAR_ENABLE_HEAVY_YIELD:-unset}"; fi\n'
+    env = launch_env(fake_bin(tmp_path, "mpiexec", answer))
+    env.pop("MPIR_CVAR_ENABLE_HEAVY_YIELD", None)  # the suite sets it for its own jobs
+    ranks = len(os.sched_getaffinity(0)) + 1 if more_than_cores else 1  # nproc counts these
+    done = subprocess.run(
+        ["bash", "launch/mpirun.sh", str(ranks), "verify"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ("yield 1" if more_than_cores else "yield unset"), done.stdout
+
+
 @pytest.mark.parametrize("version", ["mpiexec (Open MPI) 5.0.11", "mpiexec (OpenRTE) 4.1.4"])
 def test_local_launch_script_adds_open_mpi_flags(tmp_path, version):
     folder = fake_bin(tmp_path, "mpiexec", f'if [ "$1" = --version ]; then echo "{version}"; else echo "ARGS $*"; fi\n')
