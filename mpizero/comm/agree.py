@@ -23,18 +23,20 @@ def raise_if_any(collectives, problem: str | None, context: str) -> None:
     """Collectively check ``problem`` (None when fine); raise on every rank if any rank has one."""
     if not collectives.allreduce_value(problem is not None, MPI.LOR, f"whether any rank has a problem ({context})"):
         return
-    problems = collectives.allgather_object(problem, context)
+    said = by_rank(collectives.allgather_object(problem, context))
+    if said:
+        raise ZeroError(f"{context}: {said}")
+
+
+def by_rank(found: list) -> str | None:
+    """Every rank's problem (a string; anything else is none) in words, each said once with the ranks that have
+    it (``rank 3: ...; ranks [0, 1]: ...``); None if no rank has one."""
     ranks_by_text: dict[str, list[int]] = {}
-    for rank, text in enumerate(problems):
-        if text:
+    for rank, text in enumerate(found):
+        if isinstance(text, str) and text:
             ranks_by_text.setdefault(text, []).append(rank)
-    if ranks_by_text:
-        raise ZeroError(f"{context}: " + "; ".join(f"{_ranks(r)}: {text}" for text, r in ranks_by_text.items()))
-
-
-def _ranks(ranks: list[int]) -> str:
-    """``rank 3`` for one rank, ``ranks [0, 1]`` for several: the same problem is named once."""
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+    said = [f"rank {r[0]}: {text}" if len(r) == 1 else f"ranks {r}: {text}" for text, r in ranks_by_text.items()]
+    return "; ".join(said) or None
 
 
 def raise_unless_equal(collectives, fields: dict[str, Hashable]) -> None:

@@ -133,6 +133,10 @@ class ZeroEngine:
         self._note_gathered()
         return group.views() if group.state is ParamState.UNSHARDED else {}
 
+    def full_params(self, index: int):
+        """Group ``index``'s full params, flat and padded (every rank's, at stages 0-2; at 3 while gathered)."""
+        return self.groups[index].full_params
+
     def release(self, index: int) -> None:
         """Free group ``index``'s full params if the stage keeps only shards."""
         self.groups[index].release()
@@ -252,7 +256,7 @@ class ZeroEngine:
         kept, maxima = agreed[FIXED_FIELDS:].reshape(2, -1)  # per tensor: any rank kept elements; the maximum
         if problem:
             self._end_step()
-            agree.raise_if_any(self.collectives, tally.problem, f"step {self.step_number}: bad gradients")
+            agree.raise_if_any(self.collectives, tally.problem, f"step {self.step_number}")
         if digest != -negated:
             self._end_step()
             self.raise_hyper_disagreement(self._hyper, None)
@@ -363,11 +367,9 @@ class ZeroEngine:
         """Name the ranks whose hyper-parameters could not be read, or the first that differs from rank 0's, on
         every rank (collective)."""
         everyone = self.collectives.allgather_object(problem or self.bound.record(hyper), "the hyper-parameters")
-        problems = {rank: found for rank, found in enumerate(everyone) if isinstance(found, str)}
-        if problems:
-            raise agree.ZeroError(
-                f"step {self.step_number}: " + "; ".join(f"rank {r}: {p}" for r, p in problems.items())
-            )
+        said = agree.by_rank(everyone)
+        if said:
+            raise agree.ZeroError(f"step {self.step_number}: {said}")
         rank, group, name = next(
             (r, g, n)
             for r, record in enumerate(everyone)
@@ -388,6 +390,13 @@ class ZeroEngine:
         self._tallies = [GroupTally(g.layout.specs) for g in self.groups]
         self._hyper = None
         self.scales.begin()
+
+    def note_problem(self, problem: str) -> None:
+        """End this step with the same error on every rank, naming ``problem``, at its next agreement (the first
+        group reduction still to start)."""
+        self._begin_step()
+        for tally in self._tallies:
+            tally.note(problem)
 
     def discard_step(self) -> None:
         """Forget every gradient handed in this step, on every rank that calls it (all must: sums are shared)."""
@@ -460,6 +469,15 @@ class ZeroEngine:
         compute with them.
         """
         self.groups[index].set_state(name, values)
+
+    def master_shards(self) -> list:
+        """A copy of every group's master shard (for ``restore_master_shards``)."""
+        return [group.master_shard.copy() for group in self.groups]
+
+    def restore_master_shards(self, copies: list) -> None:
+        """Put back the master shards ``master_shards`` copied (no communication: ``publish`` after)."""
+        for group, copy in zip(self.groups, copies):
+            group.master_shard[...] = copy
 
     def publish(self) -> None:
         """Make the parameters every rank computes with equal to the master again (after the state was set)."""

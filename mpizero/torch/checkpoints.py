@@ -70,7 +70,7 @@ def load(zero, path: str, overrides, scheduler) -> dict:
     if scheduler is not None:
         scheduler.load_state_dict(training["scheduler"])
     zero.run = training["run"]
-    zero.binder.refresh()
+    zero.show_masters()
     return training
 
 

@@ -118,6 +118,18 @@ class Binder:
         self.engine.release(index)  # first: MPI may still be writing into the buffer
         self._hide(index)
 
+    def shown_buffers(self) -> list:
+        """Per group, the flat float32 array its parameters are views of between steps (stages 0-2; none at 3)."""
+        if self.sharded:
+            return []
+        if self.zero_copy:
+            return [self.engine.full_params(index) for index in range(len(self.engine.groups))]
+        return [as_array(buffer.tensor) for buffer in self.buffers]
+
+    def group_names(self) -> list[list[str]]:
+        """Each group's parameter names."""
+        return [group.layout.names for group in self.engine.groups]
+
     def full_tensors(self, index: int) -> dict[str, torch.Tensor]:
         """Group ``index``'s parameters as float32 torch tensors by name, while held (or at stages 0-2)."""
         return {name: self.params[name].data for name in self.engine.groups[index].layout.names}

@@ -27,6 +27,7 @@ from mpizero.core.errors import ZeroError
 from mpizero.core.step import StepOrderError
 from mpizero.torch import checkpoints, habits, optim_state, rng, state
 from mpizero.torch.buffers import BufferSync
+from mpizero.torch.edits import EditWatch
 from mpizero.torch.grads import GradientIntake
 from mpizero.torch.hooks import UnitHooks
 from mpizero.torch.meta import MetaInit, is_meta_model
@@ -114,6 +115,8 @@ class ShardedModel:
             attach(self.optimizer, self)
             if held_state is not None:  # built from a plain torch checkpoint: it stays this run's state
                 self.load_optimizer_state_dict(held_state)
+        self.edits = EditWatch(model, self.params, self.binder)
+        self.edits.record()
 
     # Backward -------------------------------------------------------------
 
@@ -219,7 +222,7 @@ class ShardedModel:
         finally:
             self.grads.reset()
             self._reduced, self._grad_norm, self._ended = False, None, None
-            self.binder.refresh()
+            self.show_masters()
             self._trim()
 
     def _step_streamed(self, closure) -> StepResult:
@@ -253,14 +256,20 @@ class ShardedModel:
         return ended
 
     def _finish_step(self) -> StepResult:
+        edited = self.edits.problem()
+        if edited is not None:
+            self.engine.note_problem(edited)  # refused at the reduction's agreement, if that is still to come
         ended = self._reduce_early()
         if ended is not None:
+            agree.raise_if_any(self.engine.collectives, edited, "step")  # a skipped step is no announced one
             return ended
         clip = self.engine.config.clip_norm
         grad_norm = self._grad_norm
         if grad_norm is None and clip is not None:
             grad_norm = self.engine.clip_grad_norm(clip)
         hyper, fingerprint, problem = self.engine.read_hyper()  # as torch reads them: at the step
+        problem = edited or problem
+        fingerprint = -1 if problem is not None else fingerprint  # every rank then learns of it from the same one
         if not self.announcer.announce(Operation.STEP, fingerprint=fingerprint) or problem is not None:
             self.engine.raise_hyper_disagreement(hyper, problem)
         return self.engine.apply_update(grad_norm, hyper)
@@ -315,26 +324,37 @@ class ShardedModel:
         held = range(len(self.engine.groups)) if self.binder.sharded else range(0)
         for index in held:
             self.binder.acquire(index)
+        masters = self.engine.master_shards()  # at stages 1-2 a rank's piece of the shown params is its master
+        kept = False
         try:
             if grads and self._ended is None:
                 state.show_grads(self)
             yield self.model
             if writeback:
                 state.write_back(self)
+                kept = True
         finally:
             if grads:
                 for p in self.params.values():
                     p.grad = None
             for index in held:
                 self.binder.release(index)
-        self.engine.publish()
-        self.binder.refresh()
+            if not kept:  # no writeback, a refused one, or an exception inside: every edit is dropped
+                self.engine.restore_master_shards(masters)
+            self.engine.publish()
+            self.show_masters()
 
     def state_dict(self, all_ranks: bool = False) -> dict | None:
         """The module's full ``state_dict()`` (CPU tensors, tied names included) on rank 0, None on the others;
         on every rank with ``all_ranks=True``. Collective."""
         self.announcer.announce(Operation.STATE_DICT)
         return state.full_state_dict(self, all_ranks)
+
+    def show_masters(self) -> None:
+        """Make the module's parameters show the engine's current ones, as the only edits allowed until the next
+        (``edits``)."""
+        self.binder.refresh()
+        self.edits.record()
 
     def load_state_dict(self, state_dict) -> None:
         """Load a full state dict (from ``state_dict()`` or plain torch, any stage and world size) on every rank.

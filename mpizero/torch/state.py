@@ -61,7 +61,7 @@ def load_full_state_dict(zero, state_dict) -> None:
             if id(value) not in canonical:
                 value.copy_(state_dict[key])
     zero.engine.publish()
-    zero.binder.refresh()
+    zero.show_masters()
 
 
 def write_back(zero) -> None:

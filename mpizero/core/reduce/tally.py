@@ -36,7 +36,7 @@ class GroupTally:
         """Check one contribution's contract; return whether it may be encoded (False once any problem was seen)."""
         problem = contribution_problem(grads, self.specs, known_names, self.seen)
         self.seen += 1
-        self.problem = self.problem or problem
+        self.problem = self.problem or (problem and f"bad gradients: {problem}")
         return self.problem is None
 
     def record(self, tops, outside) -> None:

@@ -1,0 +1,94 @@
+"""Parameter edits made outside the documented ways, refused at the next step on every rank, at every stage.
+
+Between steps a sharded model's parameters change only through ``step()``,
+``gathered(writeback=True)``, ``load_state_dict()`` and ``zero.load()``. Any
+other edit (an in-place op under ``no_grad``, ``nn.init``, a write through
+``.data`` or ``.detach()``, a new ``.data``) would be computed with at stages
+0-2 and reach only the piece of the masters each rank owns at stages 1-2
+(none at stage 0), and at stage 3 act on an empty placeholder; a
+``requires_grad`` turned on or off would leave a parameter untrained, or
+updated without the gradients it no longer gets. So the next ``step()`` refuses every
+such edit with the same error on every rank, naming the parameters.
+
+What gives an edit away: the parameter's version counter (torch counts every
+in-place op on it and on its detached aliases), the tensor its ``.data`` is,
+its ``requires_grad``, and, where the module shows full parameters between
+steps (stages 0-2), a sum of their bytes, which a write through ``.data``
+changes without counting. At stage 3 a parameter between steps is an empty
+placeholder, so a write through ``.data`` there acts on no element at all.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mpizero.core.arrays import array_module, to_host
+
+SHOWN = 5  # parameters named in a message, at most
+
+
+class EditWatch:
+    """What every parameter of a sharded model looks like after the bridge last set it; what changed since."""
+
+    def __init__(self, model: torch.nn.Module, params: dict[str, torch.nn.Parameter], binder) -> None:
+        """``params``: the trainable parameters the engine owns; ``binder`` shows them (``params.Binder``)."""
+        self.model, self.params, self.binder = model, params, binder
+        self.trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        self.seen: dict[str, tuple] = {}
+        self.sums: list[int] = []
+
+    def record(self) -> None:
+        """Take what the parameters look like now as what they should look like until the bridge sets them again."""
+        self.seen = {name: _looks(p) for name, p in self.params.items()}
+        self.sums = content_sums(self.binder.shown_buffers())
+
+    def problem(self) -> str | None:
+        """What changed since ``record``, in words (None if nothing did)."""
+        flipped = sorted(
+            name for name, p in self.model.named_parameters() if p.requires_grad != (name in self.trainable)
+        )
+        if flipped:
+            return (
+                f"requires_grad of {_names(flipped)} changed after shard(): set requires_grad before shard() "
+                "(a sharded model's trainable parameters are fixed when it is sharded)"
+            )
+        edited = [name for name, p in self.params.items() if _looks(p) != self.seen[name]]
+        if edited:
+            return _refusal(f"parameters {_names(edited)}")
+        now = content_sums(self.binder.shown_buffers())
+        changed = [n for names, old, new in zip(self.binder.group_names(), self.sums, now) if old != new for n in names]
+        if changed:
+            return _refusal(f"one or more of the parameters {_names(changed)}")
+        return None
+
+
+def _refusal(what: str) -> str:
+    return (
+        f"{what} changed in place since the last step, outside the ways a sharded model's parameters change (such "
+        "an edit reaches some copies of the parameters and not others, differently at each stage): edit "
+        "parameters inside `with zero.gathered(writeback=True):`, or load them with model.load_state_dict()"
+    )
+
+
+def _looks(p: torch.nn.Parameter) -> tuple:
+    """The parameter's version count, the memory its ``.data`` starts at, its shape and dtype."""
+    return p._version, p.data.data_ptr(), tuple(p.shape), p.dtype
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(map(repr, names[:SHOWN]))
+    return shown + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+
+
+def content_sums(buffers: list) -> list[int]:
+    """Each flat float32 buffer's 4-byte words summed modulo 2**64 (on the buffer's device; one transfer back)."""
+    if not buffers:
+        return []
+    xp = array_module(buffers[0])
+    sums = []
+    for buffer in buffers:
+        words = buffer.reshape(-1).view(xp.uint32)
+        pairs = words.size & ~1
+        total = words[:pairs].view(xp.uint64).sum(dtype=xp.uint64)
+        sums.append(total + words[pairs:].sum(dtype=xp.uint64))
+    return [int(v) for v in to_host(xp.stack(sums))]

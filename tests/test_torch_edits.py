@@ -1,0 +1,45 @@
+"""mpizero.torch treats parameter edits made outside the documented ways the same at every stage and on every rank:
+refused at the next step, or, inside ``gathered()`` without a writeback, dropped (issue 31, point 5)."""
+
+import re
+from collections import Counter
+
+import pytest
+from mpirun import run_mpi_ok
+
+pytest.importorskip("torch", reason="mpizero.torch needs torch: add its CPU build (docs/getting-started.md)")
+
+EDITED = "changed in place since the last step"
+FLIPPED = "changed after shard(): set requires_grad before shard()"
+REFUSED = {  # case: what the refusal says, at every stage
+    "no_grad edit": f"parameters '0.weight' {EDITED}",
+    "nn.init": f"parameters '4.weight' {EDITED}",
+    "freeze": f"requires_grad of '0.bias' {FLIPPED}",
+    "unfreeze": f"requires_grad of '4.bias' {FLIPPED}",
+}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_edits_are_refused_or_dropped_alike_at_every_stage_and_rank(n):
+    out = run_mpi_ok(n, ["-m", "mpi4py", "tests/mpi/torch_edits.py"], timeout=300)
+    lines = re.findall(r"^stage (\d) ([^:]+): (.*)$", out, re.M)
+    counts = Counter(lines)
+    assert set(counts.values()) == {n}, "ranks differ: " + str([k for k, c in counts.items() if c != n])
+    outcome = {(int(stage), case): said for stage, case, said in counts}
+    every = "rank 0: " if n == 1 else f"ranks {list(range(n))}: "
+    for stage in range(4):
+        for case, fragment in REFUSED.items():
+            assert outcome[stage, case].startswith(f"refused: step 2: {every}"), (stage, case, outcome[stage, case])
+            assert fragment in outcome[stage, case], (stage, case, outcome[stage, case])
+        for case in ("no_grad edit", "nn.init", ".data edit"):  # a refused step took nothing
+            assert outcome[stage, case].endswith("; then as without the edit: True"), (stage, case)
+        assert outcome[stage, "no writeback"] == "done; then as without the edit: True"
+        assert outcome[stage, "exception inside"] == "KeyError; then as without the edit: True"
+        if n > 1:  # each rank's edit differs: the writeback is refused, and every edit dropped
+            said = outcome[stage, "refused writeback"]
+            assert said.startswith("refused: ") and said.endswith("then as without the edit: True"), said
+            assert "the parameters after gathered(writeback=True)" in said, said
+    for stage in (0, 1, 2):  # the module shows full parameters between steps: a write through .data is seen
+        assert f"one or more of the parameters '2.weight', '2.bias' {EDITED}" in outcome[stage, ".data edit"]
+    # at stage 3 a parameter between steps is an empty placeholder: a write through .data acts on no element
+    assert outcome[3, ".data edit"] == "done; then as without the edit: True"
