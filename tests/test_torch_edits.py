@@ -2,10 +2,11 @@
 refused at the next step, or, inside ``gathered()`` without a writeback, dropped (issue 31, point 5)."""
 
 import re
+import time
 from collections import Counter
 
 import pytest
-from mpirun import run_mpi_ok
+from mpirun import run_mpi, run_mpi_ok
 
 pytest.importorskip("torch", reason="mpizero.torch needs torch: add its CPU build (docs/getting-started.md)")
 
@@ -33,13 +34,26 @@ def test_edits_are_refused_or_dropped_alike_at_every_stage_and_rank(n):
             assert fragment in outcome[stage, case], (stage, case, outcome[stage, case])
         for case in ("no_grad edit", "nn.init", ".data edit"):  # a refused step took nothing
             assert outcome[stage, case].endswith("; then as without the edit: True"), (stage, case)
+        for case in ("no_grad edit", "nn.init"):  # the edit is still shown: the next step is refused too
+            assert "; again: refused; then" in outcome[stage, case], (stage, case)
         assert outcome[stage, "no writeback"] == "done; then as without the edit: True"
-        assert outcome[stage, "exception inside"] == "KeyError; then as without the edit: True"
+        said = outcome[stage, "exception inside"]
+        assert said == "KeyError; next step refused: True; then as without the edit: True", said
         if n > 1:  # each rank's edit differs: the writeback is refused, and every edit dropped
             said = outcome[stage, "refused writeback"]
             assert said.startswith("refused: ") and said.endswith("then as without the edit: True"), said
             assert "the parameters after gathered(writeback=True)" in said, said
     for stage in (0, 1, 2):  # the module shows full parameters between steps: a write through .data is seen
         assert f"one or more of the parameters '2.weight', '2.bias' {EDITED}" in outcome[stage, ".data edit"]
+        assert "; again: refused; then" in outcome[stage, ".data edit"]
     # at stage 3 a parameter between steps is an empty placeholder: a write through .data acts on no element
     assert outcome[3, ".data edit"] == "done; then as without the edit: True"
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_an_exception_inside_gathered_on_one_rank_ends_the_job_at_once(stage):
+    start = time.monotonic()
+    done = run_mpi(2, ["-m", "mpi4py", "tests/mpi/torch_gathered_raise.py", str(stage)], timeout=120)
+    assert done.returncode != 0 and time.monotonic() - start < 60, done.stderr[-2000:]
+    assert "KeyError: 'only the last rank raises inside gathered()'" in done.stderr, done.stderr[-2000:]
+    assert "waited" not in done.stderr  # no rank was left in a collective until the watchdog

@@ -470,15 +470,6 @@ class ZeroEngine:
         """
         self.groups[index].set_state(name, values)
 
-    def master_shards(self) -> list:
-        """A copy of every group's master shard (for ``restore_master_shards``)."""
-        return [group.master_shard.copy() for group in self.groups]
-
-    def restore_master_shards(self, copies: list) -> None:
-        """Put back the master shards ``master_shards`` copied (no communication: ``publish`` after)."""
-        for group, copy in zip(self.groups, copies):
-            group.master_shard[...] = copy
-
     def publish(self) -> None:
         """Make the parameters every rank computes with equal to the master again (after the state was set)."""
         for group in self.groups:

@@ -8,7 +8,11 @@ other edit (an in-place op under ``no_grad``, ``nn.init``, a write through
 (none at stage 0), and at stage 3 act on an empty placeholder; a
 ``requires_grad`` turned on or off would leave a parameter untrained, or
 updated without the gradients it no longer gets. So the next ``step()`` refuses every
-such edit with the same error on every rank, naming the parameters.
+such edit with the same error on every rank, naming the parameters, and so
+does every step after it until ``gathered()`` or a load shows the masters
+again (a refused edit is still shown). An exception that leaves ``gathered()``
+on some rank is refused the same way there: that rank cannot tell the others,
+so it drops or keeps nothing until the masters are shown again.
 
 What gives an edit away: the parameter's version counter (torch counts every
 in-place op on it and on its detached aliases), the tensor its ``.data`` is,
@@ -36,14 +40,32 @@ class EditWatch:
         self.trainable = {name for name, p in model.named_parameters() if p.requires_grad}
         self.seen: dict[str, tuple] = {}
         self.sums: list[int] = []
+        self.refusal: str | None = None  # what the next steps refuse, until the masters are shown again
 
     def record(self) -> None:
-        """Take what the parameters look like now as what they should look like until the bridge sets them again."""
+        """Take what the parameters look like now (the masters, just shown) as what they should look like until
+        the bridge sets them again; nothing is refused any more."""
+        self.refusal = None
         self.seen = {name: _looks(p) for name, p in self.params.items()}
         self.sums = content_sums(self.binder.shown_buffers())
 
+    def record_unless_refused(self) -> None:
+        """``record`` after a step, unless that step refused an edit: the edit is still shown, so every later
+        step refuses it too, until ``gathered()`` or a load shows the masters again."""
+        if self.refusal is None:
+            self.record()
+
+    def refuse(self, why: str) -> None:
+        """Refuse the next steps for ``why`` until the masters are shown again."""
+        self.refusal = self.refusal or why
+
     def problem(self) -> str | None:
-        """What changed since ``record``, in words (None if nothing did)."""
+        """What the next step must refuse, in words (None if nothing): what changed since ``record``."""
+        if self.refusal is None:
+            self.refusal = self._changes()
+        return self.refusal
+
+    def _changes(self) -> str | None:
         flipped = sorted(
             name for name, p in self.model.named_parameters() if p.requires_grad != (name in self.trainable)
         )
@@ -62,11 +84,18 @@ class EditWatch:
         return None
 
 
+DROP = "; `with zero.gathered(): pass` shows the masters again, dropping the edit"
+GATHERED_RAISED = (
+    "an exception left `zero.gathered()` on this rank, so what the block edited was neither written back nor "
+    "dropped" + DROP
+)
+
+
 def _refusal(what: str) -> str:
     return (
         f"{what} changed in place since the last step, outside the ways a sharded model's parameters change (such "
         "an edit reaches some copies of the parameters and not others, differently at each stage): edit "
-        "parameters inside `with zero.gathered(writeback=True):`, or load them with model.load_state_dict()"
+        "parameters inside `with zero.gathered(writeback=True):`, or load them with model.load_state_dict()" + DROP
     )
 
 

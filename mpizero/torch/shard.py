@@ -27,7 +27,7 @@ from mpizero.core.errors import ZeroError
 from mpizero.core.step import StepOrderError
 from mpizero.torch import checkpoints, habits, optim_state, rng, state
 from mpizero.torch.buffers import BufferSync
-from mpizero.torch.edits import EditWatch
+from mpizero.torch.edits import GATHERED_RAISED, EditWatch
 from mpizero.torch.grads import GradientIntake
 from mpizero.torch.hooks import UnitHooks
 from mpizero.torch.meta import MetaInit, is_meta_model
@@ -222,7 +222,8 @@ class ShardedModel:
         finally:
             self.grads.reset()
             self._reduced, self._grad_norm, self._ended = False, None, None
-            self.show_masters()
+            self.binder.refresh()
+            self.edits.record_unless_refused()
             self._trim()
 
     def _step_streamed(self, closure) -> StepResult:
@@ -324,25 +325,25 @@ class ShardedModel:
         held = range(len(self.engine.groups)) if self.binder.sharded else range(0)
         for index in held:
             self.binder.acquire(index)
-        masters = self.engine.master_shards()  # at stages 1-2 a rank's piece of the shown params is its master
-        kept = False
+        left_normally = False
         try:
             if grads and self._ended is None:
                 state.show_grads(self)
             yield self.model
+            left_normally = True
             if writeback:
-                state.write_back(self)
-                kept = True
+                state.write_back(self)  # agreed: refused on every rank or on none
         finally:
             if grads:
                 for p in self.params.values():
                     p.grad = None
             for index in held:
                 self.binder.release(index)
-            if not kept:  # no writeback, a refused one, or an exception inside: every edit is dropped
-                self.engine.restore_master_shards(masters)
-            self.engine.publish()
-            self.show_masters()
+            if left_normally:  # every rank is here: publishing the masters drops any edit not written back
+                self.engine.publish()
+                self.show_masters()
+            else:  # this rank alone may be here: no collective, and its next step is refused until shown again
+                self.edits.refuse(GATHERED_RAISED)
 
     def state_dict(self, all_ranks: bool = False) -> dict | None:
         """The module's full ``state_dict()`` (CPU tensors, tied names included) on rank 0, None on the others;

@@ -83,6 +83,8 @@ def between_steps(stage: int, name: str) -> str:
         return result
     if result == "done":
         train_step(plain, zero_plain, 1)
+    else:  # the edit is still shown: refused again, until gathered() shows the masters
+        result += "; again: " + outcome(lambda: train_step(model, zero, 1)).split(":")[0]
     with zero.gathered():
         pass
     train_step(model, zero, 2)
@@ -109,6 +111,10 @@ def inside_gathered(stage: int, how: str) -> str:
         result = outcome(edit)
     except KeyError:
         result = "KeyError"
+    if how == "exception inside":  # this rank's next step is refused, until gathered() shows the masters
+        result += f"; next step refused: {'left `zero.gathered()`' in outcome(lambda: train_step(model, zero, 1))}"
+        with zero.gathered():
+            pass
     train_step(model, zero, 1)
     train_step(plain, zero_plain, 1)
     same = masters_digest(zero) == masters_digest(zero_plain)
