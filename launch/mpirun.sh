@@ -23,12 +23,13 @@ if mpiexec --version 2>&1 | grep -qiE "open mpi|openrte"; then  # 5.x says "Open
   fi
 fi
 
+cores=$(nproc)  # before OMP_NUM_THREADS below: GNU nproc reports that variable when it is set
 # One BLAS and torch thread per rank (torch reads OMP_NUM_THREADS): N ranks of one thread fill N cores,
 # N ranks of many threads each would fight over them.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 # More ranks than cores: MPICH's waiting ranks would spin and take the cores from those that work; this makes
 # them sleep between polls (Open MPI yields by itself under --oversubscribe).
-if [ "$ranks" -gt "$(nproc)" ]; then
+if [ "$ranks" -gt "$cores" ]; then
   export MPIR_CVAR_ENABLE_HEAVY_YIELD="${MPIR_CVAR_ENABLE_HEAVY_YIELD:-1}"
 fi
 runner=mpizero

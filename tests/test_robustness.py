@@ -88,12 +88,12 @@ def test_local_launch_script_hands_a_script_its_arguments_and_one_thread(tmp_pat
     assert done.stdout.strip() == f"ARGS -n 4 {sys.executable} -m mpi4py my_train.py --lr 3e-4 threads 1", done.stdout
 
 
-@pytest.mark.parametrize("more_than_cores", [False, True])
+@pytest.mark.parametrize("more_than_cores", [0, 1])
 def test_local_launch_script_lets_waiting_ranks_sleep_only_with_more_ranks_than_cores(tmp_path, more_than_cores):
     answer = 'if [ "$1" = --version ]; then echo HYDRA; else echo "yield ${MPIR_CVAR_ENABLE_HEAVY_YIELD:-unset}"; fi\n'
     env = launch_env(fake_bin(tmp_path, "mpiexec", answer))
     env.pop("MPIR_CVAR_ENABLE_HEAVY_YIELD", None)  # the suite sets it for its own jobs
-    ranks = len(os.sched_getaffinity(0)) + 1 if more_than_cores else 1  # nproc counts these
+    ranks = len(os.sched_getaffinity(0)) + more_than_cores  # as many ranks as cores, or one more (nproc's count)
     done = subprocess.run(
         ["bash", "launch/mpirun.sh", str(ranks), "verify"],
         cwd=ROOT,

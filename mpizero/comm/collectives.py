@@ -19,7 +19,6 @@ import contextlib
 import functools
 import os
 import pickle
-import resource
 import sys
 import time
 from collections import Counter
@@ -32,7 +31,7 @@ from mpizero.comm import agree, cuda_aware, identity, paths
 from mpizero.comm.hierarchical import TwoLevel
 from mpizero.comm.pending import Pending
 from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
-from mpizero.comm.shared import OwnerSums, SharedArena, window_room_problem
+from mpizero.comm.shared import OwnerSums, SharedArena, address_space_limit, window_room_problem
 from mpizero.comm.transport import STAGING_ENV_VAR, Transport, requested_staging
 from mpizero.comm.watchdog import Watchdog
 from mpizero.core.arrays import array_module
@@ -171,8 +170,10 @@ class Collectives:
 
     @functools.cached_property
     def _address_space_limited(self) -> bool:
-        """Whether any rank runs under an address-space limit (``RLIMIT_AS``; collective at first use)."""
-        limited = resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
+        """Whether any rank runs under an address-space limit below the host's memory (``RLIMIT_AS``; collective
+        at first use): one that high cannot be reached by mappings of memory that exists."""
+        limit = address_space_limit()
+        limited = limit is not None and limit < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return self.allreduce_value(limited, MPI.LOR, "whether any rank has an address-space limit")
 
     def push_reduce(self, sums, add_block, full_bytes: int) -> None:

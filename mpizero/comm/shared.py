@@ -54,12 +54,18 @@ def window_room_problem(nbytes: int) -> str | None:
         stat = None  # no such filesystem here: the MPI library backs windows elsewhere
     if stat is not None and stat.f_bavail * stat.f_frsize < nbytes * HEADROOM:
         return f"{SHM_DIR} has {stat.f_bavail * stat.f_frsize} bytes free, too few for {nbytes} more"
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if limit != resource.RLIM_INFINITY:
+    limit = address_space_limit()
+    if limit is not None:
         left = limit - mapped_bytes()
         if left < nbytes * HEADROOM:
             return f"the address-space limit (RLIMIT_AS) leaves {left} bytes, too few to map {nbytes} more"
     return None
+
+
+def address_space_limit() -> int | None:
+    """This process's address-space limit in bytes (``RLIMIT_AS``), or None if it has none."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return None if limit == resource.RLIM_INFINITY else limit
 
 
 def mapped_bytes() -> int:
