@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 import peers_gpt2
-from bench_bandwidth import bandwidth_line
+import roofline
+from bench_bandwidth import bandwidth, bandwidth_line
 
 from mpizero.comm.launcher import python_under_mpiexec
 from mpizero.progress import progress
@@ -395,6 +396,27 @@ def table(rows: dict[str, dict], args) -> list[str]:
     return lines
 
 
+def roofline_table(rows: dict[str, dict], args, params: int, rank_rate: float) -> list[str]:
+    """Per modelled configuration and count: bytes per parameter a rank moves in a step, the step time they take
+    at one rank's share of the bandwidth (``roofline``), and the measured median as a multiple of it."""
+    lines = [
+        f"roofline: bytes per parameter and step on one rank (read + written, benchmarks/roofline.py) at "
+        f"{rank_rate / 1e9:.1f} GB/s per rank ('add' with {args.ranks} processes at once, divided among them)",
+        f"{'configuration':<18}"
+        + "".join(f" {f'{c} mb: B':>9} {'floor ms':>9} {'x floor':>8}" for c in args.micro_batches),
+    ]
+    for config, runs in rows.items():
+        if "skipped" in runs or roofline.step_bytes(config, args.ranks, 1) is None:
+            continue
+        line = f"{config:<18}"
+        for count in args.micro_batches:
+            floor = roofline.floor_ms(config, args.ranks, count, params, rank_rate)
+            moved = roofline.step_bytes(config, args.ranks, count)
+            line += f" {moved:>9.0f} {floor:>9.3g} {runs[count]['median_ms'] / floor:>8.3g}"
+        lines.append(line)
+    return lines
+
+
 def main() -> None:
     args = parse()
     if args.worker:
@@ -408,8 +430,10 @@ def main() -> None:
     from threadpoolctl import threadpool_info
 
     blas = {i.get("internal_api") for i in threadpool_info()}
+    rank_rate = None
     if args.bandwidth:
         print(bandwidth_line(args.bandwidth_mib), flush=True)
+        rank_rate = bandwidth(args.ranks, args.bandwidth_mib, 5)["add"] / args.ranks
     rows = run_all(args)
     params = args.layers * (args.width * args.width + args.width)
     print(
@@ -418,6 +442,8 @@ def main() -> None:
         f"ranks, 1 thread per rank ({', '.join(sorted(blas))}), median of steps {WARMUP + 1}-{args.steps}"
     )
     print("\n".join(table(rows, args)))
+    if rank_rate is not None:
+        print("\n".join(roofline_table(rows, args, params, rank_rate)))
     if args.chart:
         draw(rows, args, args.chart)
 
