@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
-from mpizero.core.arrays import to_host
+from mpizero.arrays import to_host
 
 ABORT_STATUS = 1
 _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}

@@ -19,7 +19,7 @@ from mpirun import ROOT, rank_pids
 from mpizero.comm import paths
 from mpizero.comm.collectives import Traffic
 from mpizero.core import formulas
-from mpizero.core.errors import ZeroError
+from mpizero.errors import ZeroError
 
 WIDTH, STEPS = 96, 4
 TRAIN = ["-m", "mpizero", "train", "--model", "mlp", "--width", str(WIDTH), "--global-batch", "24"]
@@ -54,7 +54,7 @@ def link_sent(cluster, node: int = 1) -> int:
 def gradient_bytes_per_step(parameters: int, ranks: int = 4, nodes: int = 2, two_level: bool = True) -> int:
     """Exact-reduction (int64) gradient bytes one node must send to the other per step: ranks/nodes ranks' share."""
     padded = -(-parameters // ranks) * ranks
-    return formulas.inter_node_bytes(padded * 8, ranks, nodes, two_level) * (ranks // nodes)
+    return paths.inter_node_bytes(padded * 8, ranks, nodes, two_level) * (ranks // nodes)
 
 
 def parameters(log: str) -> int:
@@ -80,10 +80,10 @@ def test_two_level_is_settled_only_for_even_multi_rank_nodes_on_host_buffers():
 
 def test_inter_node_bytes_fall_to_one_over_ranks_per_node():
     full = 3 << 20
-    assert formulas.inter_node_bytes(full, 4, 1, False) == 0
-    assert formulas.inter_node_bytes(full, 4, 2, False) == full // 2  # flat: to the 2 of 3 peers elsewhere
-    assert formulas.inter_node_bytes(full, 4, 2, True) == full // 4
-    assert formulas.inter_node_bytes(full, 12, 3, True) * 4 == formulas.inter_node_bytes(full, 12, 3, False)
+    assert paths.inter_node_bytes(full, 4, 1, False) == 0
+    assert paths.inter_node_bytes(full, 4, 2, False) == full // 2  # flat: to the 2 of 3 peers elsewhere
+    assert paths.inter_node_bytes(full, 4, 2, True) == full // 4
+    assert paths.inter_node_bytes(full, 12, 3, True) * 4 == paths.inter_node_bytes(full, 12, 3, False)
     traffic = Traffic()
     traffic.record("reduce_scatter", full, 4, nodes=2, two_level=True)
     assert traffic.sent["reduce_scatter"] == 3 * full // 4 and traffic.inter_node["reduce_scatter"] == full // 4

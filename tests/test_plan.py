@@ -3,10 +3,10 @@
 import pytest
 
 from mpizero.comm import launch, paths
-from mpizero.core.errors import ZeroError
 from mpizero.core.partition import Partition
 from mpizero.core.stages import STAGES, GradientCollective, Publish, ShardPlan, span
 from mpizero.core.step import StepOrderError, StepState, StepTracker
+from mpizero.errors import ZeroError
 
 
 @pytest.mark.parametrize("numel, ranks", [(17, 4), (257, 3), (2, 5), (8, 1)])

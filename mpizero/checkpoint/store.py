@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpizero.arrays import to_host
 from mpizero.checkpoint import compat, key, lock, manifest, replicated, structure
 from mpizero.checkpoint import directory as checkpoints
 from mpizero.checkpoint.layout import SavedLayout
@@ -42,7 +43,6 @@ from mpizero.checkpoint.manifest import MANIFEST, CheckpointError
 from mpizero.checkpoint.shards import BLOCK_BYTES, CheckpointReader, file_name, write_rank_file
 from mpizero.comm import agree
 from mpizero.core import faults, files
-from mpizero.core.arrays import to_host
 
 
 def save(

@@ -14,7 +14,7 @@ import importlib
 import importlib.util
 import os
 
-from mpizero.core.errors import ZeroError
+from mpizero.errors import ZeroError
 
 OUTPUTS: dict = {}
 OUTPUT_DIRS: dict = {}

@@ -15,9 +15,9 @@ import argparse
 from mpizero.checkpoint import scale
 from mpizero.cli import options
 from mpizero.core import formulas
-from mpizero.core.errors import ZeroError
 from mpizero.core.memory import format_bytes
 from mpizero.core.reduce.exact import FLOAT32_BITS, SUM_BITS
+from mpizero.errors import ZeroError
 from mpizero.training.registry import Size, entry, formula_setups
 from mpizero.training.runs import group_runs
 

@@ -12,8 +12,8 @@ import argparse
 import numpy as np
 from mpi4py import MPI
 
+from mpizero.arrays import to_host
 from mpizero.cli import options
-from mpizero.core.arrays import to_host
 from mpizero.core.engine import ZeroEngine
 from mpizero.core.optim import SGD
 from mpizero.core.partition import split_evenly

@@ -23,7 +23,7 @@ from mpizero.checkpoint import key
 from mpizero.cli import check, consolidate, estimate, example, options, outputs, plot, train, verify
 from mpizero.comm import interrupt, launch
 from mpizero.comm.collectives import Collectives
-from mpizero.core.errors import ZeroError
+from mpizero.errors import ZeroError
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 

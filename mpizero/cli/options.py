@@ -11,14 +11,14 @@ from __future__ import annotations
 import argparse
 import math
 
-from mpizero.core.arrays import DEVICES
+from mpizero.arrays import DEVICES
 from mpizero.core.config import MAX_HEADROOM
-from mpizero.core.errors import ZeroError
 from mpizero.core.optim import OPTIMIZERS
 from mpizero.core.precision import PRECISIONS
 from mpizero.core.reduce.reduction import REDUCTIONS
 from mpizero.core.reduce.scales import HEADROOM
 from mpizero.core.stages import STAGES
+from mpizero.errors import ZeroError
 from mpizero.training.registry import MODELS, Size, entry, formula_setups
 from mpizero.training.trainer import DEFAULT_BUCKET_ELEMS
 

@@ -17,9 +17,9 @@ import tempfile
 from mpizero.cli import options
 from mpizero.comm.launcher import python_under_mpiexec
 from mpizero.core import files, formulas
-from mpizero.core.errors import ZeroError
 from mpizero.core.partition import Partition
 from mpizero.core.stages import STAGES, sharding
+from mpizero.errors import ZeroError
 
 OUTPUTS = {"output": "-o/--output"}
 INPUTS: dict[str, str] = {}

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+from mpizero.arrays import bits, device_module, to_device, to_host
 from mpizero.cli import options
 from mpizero.comm.paths import CommPaths
-from mpizero.core.arrays import bits, device_module, to_device, to_host
 from mpizero.core.engine import ZeroEngine
 from mpizero.core.memory import format_bytes
 from mpizero.core.optim import OPTIMIZERS

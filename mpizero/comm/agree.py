@@ -16,7 +16,7 @@ from collections.abc import Hashable
 
 from mpi4py import MPI
 
-from mpizero.core.errors import ZeroError
+from mpizero.errors import ZeroError
 
 
 def raise_if_any(collectives, problem: str | None, context: str) -> None:

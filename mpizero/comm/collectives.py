@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
+from mpizero.arrays import array_module
 from mpizero.comm import agree, cuda_aware, identity, paths
 from mpizero.comm.hierarchical import TwoLevel
+from mpizero.comm.paths import inter_node_bytes
 from mpizero.comm.pending import Pending
 from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
 from mpizero.comm.shared import OwnerSums, SharedArena, address_space_limit, window_room_problem
 from mpizero.comm.transport import STAGING_ENV_VAR, Transport, requested_staging
 from mpizero.comm.watchdog import Watchdog
-from mpizero.core.arrays import array_module
-from mpizero.core.formulas import inter_node_bytes
 
 WIRE_VIEWS = {"bfloat16": np.uint16, "float16": np.uint16}
 
@@ -44,7 +44,7 @@ WIRE_VIEWS = {"bfloat16": np.uint16, "float16": np.uint16}
 class Traffic:
     """Per collective: calls, bytes this rank sent and received (ring/recursive algorithms), and seconds inside.
 
-    ``inter_node``: of the bytes sent, those sent to ranks on other nodes (``formulas.inter_node_bytes``);
+    ``inter_node``: of the bytes sent, those sent to ranks on other nodes (``paths.inter_node_bytes``);
     counted for array collectives, not for ``agreement`` (control messages of a few bytes).
     """
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from mpizero.core.errors import ZeroError
+from mpizero.errors import ZeroError
 
 SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS", "PMIX_SIZE")
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")

@@ -24,7 +24,7 @@ import math
 import os
 from dataclasses import dataclass, replace
 
-from mpizero.core.errors import ZeroError
+from mpizero.errors import ZeroError
 
 ENV_VAR = "MPIZERO_REDUCE_SCATTER"
 CHOICES = ("auto", "shared", "two-level", "pieces", "mpi")
@@ -88,3 +88,15 @@ def settle_reduce_scatter(requested: str, nodes: int, on_device: bool, ranks_per
     if requested == "auto":
         return "shared" if nodes == 1 and not on_device else "two-level" if two_level else "mpi+pieces"
     return requested
+
+
+def inter_node_bytes(full_bytes: int, ranks: int, nodes: int, two_level: bool, factor: int = 1) -> int:
+    """Bytes one rank sends to other nodes in one collective on ``full_bytes`` (``factor`` 2: all-reduce).
+
+    Assumes ``ranks // nodes`` ranks per node (the flat path's share is exact for pairwise exchange).
+    """
+    if nodes <= 1:
+        return 0
+    if two_level:
+        return factor * full_bytes * (nodes - 1) // ranks
+    return factor * full_bytes * (ranks - ranks // nodes) // ranks

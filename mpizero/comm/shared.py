@@ -36,7 +36,7 @@ from contextlib import contextmanager
 import numpy as np
 from mpi4py import MPI
 
-from mpizero.core.arrays import CHUNK
+from mpizero.arrays import CHUNK
 
 SHM_DIR = "/dev/shm"  # where MPICH and Open MPI back shared windows on Linux
 HEADROOM = 1.25  # the window's own bookkeeping, and other users of the same tmpfs

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpizero.arrays import array_module, is_device_array
 from mpizero.comm.pending import Pending
 from mpizero.comm.staging import CHUNK_BYTES, CupyCopies, PlainCopies, staged_in_chunks
-from mpizero.core.arrays import array_module, is_device_array
-from mpizero.core.errors import ZeroError
+from mpizero.errors import ZeroError
 
 STAGING_ENV_VAR = "MPIZERO_STAGING"
 STAGINGS = ("pinned", "pageable")

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from mpizero.core.arrays import CHUNK, to_host
+from mpizero.arrays import CHUNK, to_host
 
 LANES = 2
 _MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))

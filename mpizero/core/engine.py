@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+from mpizero.arrays import array_module
 from mpizero.comm import agree, launch
 from mpizero.comm.collectives import Collectives
 from mpizero.core import setup
-from mpizero.core.arrays import array_module
 from mpizero.core.config import ZeroConfig
 from mpizero.core.gradients import Keep
 from mpizero.core.group import FlatGroup, ParamState, StatePiece

@@ -21,7 +21,7 @@ import stat
 from collections.abc import Callable
 from typing import BinaryIO
 
-from mpizero.core.errors import ZeroError
+from mpizero.errors import ZeroError
 
 SYSTEM_TREES = ("/proc", "/sys", "/dev")  # kernel interfaces and devices: never a place for mpizero's output
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass
 
+from mpizero.comm.paths import inter_node_bytes
 from mpizero.core.partition import Partition
 from mpizero.core.reduce.reduction import REDUCTIONS
 from mpizero.core.reduce.tally import FIXED_FIELDS
@@ -112,18 +113,6 @@ def traffic_per_step(setup: Setup, rounds: int = 1, reduce_each_round: bool | No
             sent["reduce_scatter"] += count * _reduce_scatters(plan, rounds, reduce_each_round) * (wire * (n - 1) // n)
         sent["allgather"] += count * plan.allgathers_per_step(rounds) * (params * (n - 1) // n)
     return sent
-
-
-def inter_node_bytes(full_bytes: int, ranks: int, nodes: int, two_level: bool, factor: int = 1) -> int:
-    """Bytes one rank sends to other nodes in one collective on ``full_bytes`` (``factor`` 2: all-reduce).
-
-    Assumes ``ranks // nodes`` ranks per node (the flat path's share is exact for pairwise exchange).
-    """
-    if nodes <= 1:
-        return 0
-    if two_level:
-        return factor * full_bytes * (nodes - 1) // ranks
-    return factor * full_bytes * (ranks - ranks // nodes) // ranks
 
 
 def _reduce_scatters(plan: ShardPlan, rounds: int, reduce_each_round: bool | None) -> int:

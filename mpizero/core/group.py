@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpizero.core.arrays import to_host
+from mpizero.arrays import to_host
 from mpizero.core.gradients import GroupGradients
 from mpizero.core.layout import FlatLayout, TensorSpec
 from mpizero.core.optim import rules

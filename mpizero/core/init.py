@@ -24,7 +24,7 @@ from math import prod
 
 import numpy as np
 
-from mpizero.core.arrays import DEVICES, array_module, device_module, is_device_array, to_device
+from mpizero.arrays import DEVICES, array_module, device_module, is_device_array, to_device
 
 BLOCK = 1 << 16  # elements drawn together: a block's values never depend on the range asked for
 RAW_PER_COUNTER = 4  # Philox4x64 yields four 64-bit words per counter value

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from mpizero.core.arrays import array_module
+from mpizero.arrays import array_module
 from mpizero.core.optim import BoundOptimizer, rules
 from mpizero.core.reduce import exact, norm, scales
 

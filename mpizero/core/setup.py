@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from mpizero.arrays import device_module
 from mpizero.comm import agree
 from mpizero.core import digest, init
-from mpizero.core.arrays import device_module
 from mpizero.core.group import FlatGroup
 from mpizero.core.layout import FlatLayout
 from mpizero.core.partition import Partition

@@ -17,10 +17,10 @@ from math import prod
 
 import numpy as np
 
+from mpizero.arrays import device_module, to_host
 from mpizero.checkpoint import key
-from mpizero.core.arrays import device_module, to_host
-from mpizero.core.errors import ZeroError
 from mpizero.core.init import ShardedInit
+from mpizero.errors import ZeroError
 
 PARAM_DTYPE = np.dtype(np.float32)
 

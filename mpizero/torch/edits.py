@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from mpizero.core.arrays import array_module, to_host
+from mpizero.arrays import array_module, to_host
 
 SHOWN = 5  # parameters named in a message, at most
 

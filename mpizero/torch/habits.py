@@ -22,7 +22,7 @@ import weakref
 
 import torch
 
-from mpizero.core.errors import ZeroError
+from mpizero.errors import ZeroError
 from mpizero.torch.sync import Operation
 
 _owners: dict[int, tuple] = {}  # id(trainable parameter) -> (weakref to it, weakref to its ShardedModel)

@@ -23,8 +23,8 @@ from mpi4py import MPI
 from mpizero.comm import agree
 from mpizero.core import heap
 from mpizero.core.engine import StepResult, ZeroEngine
-from mpizero.core.errors import ZeroError
 from mpizero.core.step import StepOrderError
+from mpizero.errors import ZeroError
 from mpizero.torch import checkpoints, habits, optim_state, rng, state
 from mpizero.torch.buffers import BufferSync
 from mpizero.torch.edits import GATHERED_RAISED, EditWatch

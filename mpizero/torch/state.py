@@ -15,8 +15,8 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+from mpizero.arrays import to_host
 from mpizero.comm import agree
-from mpizero.core.arrays import to_host
 from mpizero.torch.tensors import as_array
 
 

@@ -23,7 +23,7 @@ import enum
 import numpy as np
 from mpi4py import MPI
 
-from mpizero.core.errors import ZeroError
+from mpizero.errors import ZeroError
 
 NOTHING = -(1 << 40)  # what a joined rank announces in the fields it has no value for (below any real one)
 

@@ -15,8 +15,8 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from mpizero.core.arrays import is_device_array
-from mpizero.core.errors import ZeroError
+from mpizero.arrays import is_device_array
+from mpizero.errors import ZeroError
 
 
 def as_array(tensor: torch.Tensor):

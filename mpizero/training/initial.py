@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpizero.core.arrays import device_module, to_device
+from mpizero.arrays import device_module, to_device
 from mpizero.core.init import ShardedInit
 from mpizero.training.model import param_shapes
 

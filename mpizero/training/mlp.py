@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpizero.core.arrays import array_module
+from mpizero.arrays import array_module
 from mpizero.training import initial
 from mpizero.training.initial import Normal
 from mpizero.training.model import mean_squared_error, softmax_cross_entropy

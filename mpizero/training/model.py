@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpizero.core.arrays import array_module
+from mpizero.arrays import array_module
 
 
 def param_shapes(model) -> dict[str, tuple[int, ...]]:

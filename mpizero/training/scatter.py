@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpizero.core.arrays import array_module
+from mpizero.arrays import array_module
 
 SIGN = np.uint64(0x80000000)
 LOW_BITS = np.uint64(0xFFFFFFFF)  # a negative value's key: every bit flipped

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpizero.core.arrays import array_module
+from mpizero.arrays import array_module
 from mpizero.training import initial
 from mpizero.training.initial import Constant, Normal
 from mpizero.training.model import softmax_cross_entropy

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from mpizero.core.arrays import CHUNK, array_module
+from mpizero.arrays import CHUNK, array_module
 from mpizero.core.optim.hyper import AdamHyper, SGDHyper
 
 NUMPY_OPS = SimpleNamespace(

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from mpizero.core.arrays import CHUNK, array_module
+from mpizero.arrays import CHUNK, array_module
 from mpizero.core.reduce import fused
 
 SUM_BITS = 62

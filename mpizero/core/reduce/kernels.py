@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mpizero.core.arrays import CHUNK
+from mpizero.arrays import CHUNK
 from mpizero.core.reduce import fused
 
 ENV_VAR = "MPIZERO_HOST_KERNELS"

@@ -13,7 +13,7 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from mpizero.core.arrays import array_module
+from mpizero.arrays import array_module
 from mpizero.core.reduce import exact
 
 

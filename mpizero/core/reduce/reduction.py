@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpizero.core.arrays import array_module
+from mpizero.arrays import array_module
 from mpizero.core.reduce import exact, fused, kernels, scales
 
 EVERY_FINITE = (0, exact.INF_BITS)  # the magnitude range of every finite float32

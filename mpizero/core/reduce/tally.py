@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from mpizero.core.arrays import to_host
+from mpizero.arrays import to_host
 from mpizero.core.reduce.exact import magnitude_of_bits
 
 GRAD_DTYPE = np.dtype(np.float32)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpizero.core.errors import ZeroError
+from mpizero.errors import ZeroError
 
 CHUNK = 1 << 15  # elements per host chunk: a loop's float64 and int64 temporaries stay in cache
 
