@@ -13,7 +13,7 @@ pytest.importorskip("transformers", reason="the GPT-2 recipe needs transformers:
 EXAMPLE = str(ROOT / "examples" / "gpt2_recipe.py")
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [3])  # its bytes at 1, 2 and 4 ranks: the example's own test below
 def test_check_finds_the_gpt2_recipe_bitwise_at_every_stage(n):
     out = run_mpi_ok(n, ["-m", "mpizero", "check", f"{EXAMPLE}:recipe", "--steps", "2"], timeout=300)
     assert len(re.findall(r"^stage \d  ranks \d  bitwise: 2 steps", out, re.M)) == 4, out

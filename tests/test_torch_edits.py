@@ -20,7 +20,7 @@ REFUSED = {  # case: what the refusal says, at every stage
 }
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("n", [1, 3])  # 2 ranks: the exception-inside-gathered test below
 def test_edits_are_refused_or_dropped_alike_at_every_stage_and_rank(n):
     out = run_mpi_ok(n, ["-m", "mpi4py", "tests/mpi/torch_edits.py"], timeout=300)
     lines = re.findall(r"^stage (\d) ([^:]+): (.*)$", out, re.M)

@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 import pytest
-from mpirun import ROOT, WORLD_SIZES, run_mpi_ok
+from mpirun import ROOT, run_mpi_ok
 
 torch = pytest.importorskip("torch", reason="mpizero.torch needs torch: add its CPU build (docs/getting-started.md)")
 sys.path.insert(0, str(ROOT / "tests" / "mpi"))
@@ -40,7 +40,7 @@ def digests():
     return {}
 
 
-@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("n", [1, 2, 4])  # 3 ranks: the recipe's and the identity tests (test_torch*.py)
 def test_every_model_gives_the_same_bytes_at_every_stage_and_world_size(n, digests):
     out = run_mpi_ok(n, ["-m", "mpi4py", "tests/mpi/torch_users.py", *KINDS], timeout=240)
     found = {(m, s): d for m, s, d in re.findall(r"^digest (\w+) (\d) (\w+)$", out, re.M)}
@@ -51,14 +51,14 @@ def test_every_model_gives_the_same_bytes_at_every_stage_and_world_size(n, diges
     assert digests[n] == digests[min(digests)], f"-n {n} differs from -n {min(digests)}"
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("n", [1, 3])
 def test_placeholders_gathered_state_dicts_and_mismatched_calls(n):
     out = run_mpi_ok(n, ["-m", "mpi4py", "tests/mpi/torch_users.py", "--features"], timeout=180)
     for check in ("placeholders", "gathered", "state dicts", "mismatch"):
         assert f"{check} ok" in out, out
 
 
-@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("n", [1, 3])
 def test_meta_device_models_equal_normally_built_ones_at_any_world_size(n):
     assert "meta ok" in run_mpi_ok(n, ["-m", "mpi4py", "tests/mpi/torch_users.py", "--meta"], timeout=120)
 
