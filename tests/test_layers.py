@@ -10,6 +10,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "mpizero"
 ABOVE = {  # a module's path under mpizero/: the mpizero modules it must not import
     "comm": ("mpizero.core", "mpizero.torch", "mpizero.training", "mpizero.checkpoint", "mpizero.cli"),
     "errors.py": ("mpizero.",),
+    "libc.py": ("mpizero.",),
     "arrays.py": ("mpizero.comm", "mpizero.core", "mpizero.torch", "mpizero.training", "mpizero.checkpoint"),
 }
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import functools
 import mmap
 import os
 import resource
@@ -36,6 +35,7 @@ from contextlib import contextmanager
 import numpy as np
 from mpi4py import MPI
 
+from mpizero import libc
 from mpizero.arrays import CHUNK
 
 SHM_DIR = "/dev/shm"  # where MPICH and Open MPI back shared windows on Linux
@@ -209,23 +209,13 @@ class OwnerSums:
 MADV_DONTNEED = 4  # Linux's value on every architecture it runs mpizero on
 
 
-@functools.cache
-def _madvise():
-    """The C library's ``madvise``, or None where it has none."""
-    try:
-        madvise = ctypes.CDLL(None).madvise
-    except (AttributeError, OSError):
-        return None
-    madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-    return madvise
-
-
 def drop_page_mappings(view: np.ndarray) -> None:
     """Unmap the whole pages inside ``view``, a slice of a shared mapping, from this process (where Linux allows).
 
     Shared pages keep their contents: a later access maps them again. Failure only leaves them mapped.
     """
-    madvise, page = _madvise(), mmap.PAGESIZE
+    madvise = libc.function("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int)
+    page = mmap.PAGESIZE
     if madvise is None or not sys.platform.startswith("linux"):
         return
     start = -(-view.ctypes.data // page) * page

@@ -22,19 +22,8 @@ about 100 MiB of peak RSS above the engine's peak without trimming, about 70 wit
 from __future__ import annotations
 
 import ctypes
-import functools
 
-
-@functools.cache
-def _malloc_trim():
-    """The C library's ``malloc_trim``, or None where it has none."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim  # the process's own symbols, the C library's among them
-    except (AttributeError, OSError):
-        return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
-
+from mpizero import libc
 
 GROWTH = 64 << 20  # bytes the heap may grow by before it is trimmed
 _last_size = [0]  # the heap's size after the last trim
@@ -46,20 +35,9 @@ class _Mallinfo2(ctypes.Structure):
     ]
 
 
-@functools.cache
-def _mallinfo2():
-    """glibc's ``mallinfo2`` (2.33 and later), or None."""
-    try:
-        info = ctypes.CDLL(None).mallinfo2
-    except (AttributeError, OSError):
-        return None
-    info.restype = _Mallinfo2
-    return info
-
-
 def heap_bytes() -> int | None:
     """The main heap's size now (glibc), or None where it cannot be read."""
-    info = _mallinfo2()
+    info = libc.function("mallinfo2", (), _Mallinfo2)
     return None if info is None else int(info().arena)
 
 
@@ -77,7 +55,7 @@ def release_if_grown() -> bool:
 
 def release_free_pages() -> bool:
     """Return the C heap's free pages to the OS where the C library can; whether it could (glibc)."""
-    trim = _malloc_trim()
+    trim = libc.function("malloc_trim", (ctypes.c_size_t,), ctypes.c_int)
     if trim is not None:
         trim(0)
     return trim is not None
