@@ -21,11 +21,17 @@ from mpizero.errors import ZeroError
 
 def raise_if_any(collectives, problem: str | None, context: str) -> None:
     """Collectively check ``problem`` (None when fine); raise on every rank if any rank has one."""
-    if not collectives.allreduce_value(problem is not None, MPI.LOR, f"whether any rank has a problem ({context})"):
-        return
-    said = by_rank(collectives.allgather_object(problem, context))
+    said = said_by_any(collectives, problem, context)
     if said:
         raise ZeroError(f"{context}: {said}")
+
+
+def said_by_any(collectives, problem: str | None, context: str) -> str | None:
+    """Every rank's ``problem`` in words (``by_rank``), the same on every rank, or None if no rank has one
+    (collective: one flag all-reduce, and the texts gathered only when some rank has one)."""
+    if not collectives.allreduce_value(problem is not None, MPI.LOR, f"whether any rank has a problem ({context})"):
+        return None
+    return by_rank(collectives.allgather_object(problem, context))
 
 
 def by_rank(found: list) -> str | None:

@@ -141,9 +141,9 @@ class Collectives:
         """Agree whether a node-shared window can grow by ``more_bytes`` per rank (``window_room_problem`` on
         every rank); if not, fall back to MPI's reduce-scatter for good and say why, once."""
         problem = window_room_problem(more_bytes * self.node.Get_size())
-        if self.allreduce_value(problem is None, MPI.LAND, "room for the shared-memory arena"):
+        said = agree.said_by_any(self, problem, "room for the shared-memory arena")
+        if said is None:
             return True
-        said = agree.by_rank(self.allgather_object(problem, "why there is no room for the shared-memory arena"))
         self.paths = self.paths.without_shared()
         if self.comm.Get_rank() == 0:
             print(

@@ -56,7 +56,7 @@ def window_room_problem(nbytes: int) -> str | None:
         return f"{SHM_DIR} has {stat.f_bavail * stat.f_frsize} bytes free, too few for {nbytes} more"
     limit = address_space_limit()
     if limit is not None:
-        left = limit - mapped_bytes()
+        left = limit - address_space_used()
         if left < nbytes * HEADROOM:
             return f"the address-space limit (RLIMIT_AS) leaves {left} bytes, too few to map {nbytes} more"
     return None
@@ -68,7 +68,7 @@ def address_space_limit() -> int | None:
     return None if limit == resource.RLIM_INFINITY else limit
 
 
-def mapped_bytes() -> int:
+def address_space_used() -> int:
     """This process's address space in use now (Linux's ``/proc/self/statm``; 0 where it cannot be read)."""
     try:
         with open("/proc/self/statm") as statm:

@@ -34,9 +34,9 @@ SHOWN = 5  # parameters named in a message, at most
 class EditWatch:
     """What every parameter of a sharded model looks like after the bridge last set it; what changed since."""
 
-    def __init__(self, model: torch.nn.Module, params: dict[str, torch.nn.Parameter], binder) -> None:
-        """``params``: the trainable parameters the engine owns; ``binder`` shows them (``params.Binder``)."""
-        self.model, self.params, self.binder = model, params, binder
+    def __init__(self, model: torch.nn.Module, binder) -> None:
+        """``binder`` shows the trainable parameters the engine owns (``params.Binder``; its ``params``)."""
+        self.model, self.params, self.binder = model, binder.params, binder
         self.trainable = {name for name, p in model.named_parameters() if p.requires_grad}
         self.seen: dict[str, tuple] = {}
         self.sums: list[int] = []

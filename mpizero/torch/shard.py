@@ -115,7 +115,7 @@ class ShardedModel:
             attach(self.optimizer, self)
             if held_state is not None:  # built from a plain torch checkpoint: it stays this run's state
                 self.load_optimizer_state_dict(held_state)
-        self.edits = EditWatch(model, self.params, self.binder)
+        self.edits = EditWatch(model, self.binder)
         self.edits.record()
 
     # Backward -------------------------------------------------------------
