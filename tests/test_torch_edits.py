@@ -43,11 +43,9 @@ def test_edits_are_refused_or_dropped_alike_at_every_stage_and_rank(n):
             said = outcome[stage, "refused writeback"]
             assert said.startswith("refused: ") and said.endswith("then as without the edit: True"), said
             assert "the parameters after gathered(writeback=True)" in said, said
-    for stage in (0, 1, 2):  # the module shows full parameters between steps: a write through .data is seen
+    for stage in range(4):  # a write through .data changes what the module shows (at stage 3: a placeholder)
         assert f"one or more of the parameters '2.weight', '2.bias' {EDITED}" in outcome[stage, ".data edit"]
         assert "; again: refused; then" in outcome[stage, ".data edit"]
-    # at stage 3 a parameter between steps is an empty placeholder: a write through .data acts on no element
-    assert outcome[3, ".data edit"] == "done; then as without the edit: True"
 
 
 @pytest.mark.parametrize("stage", [1, 3])

@@ -5,7 +5,7 @@ Between steps a sharded model's parameters change only through ``step()``,
 other edit (an in-place op under ``no_grad``, ``nn.init``, a write through
 ``.data`` or ``.detach()``, a new ``.data``) would be computed with at stages
 0-2 and reach only the piece of the masters each rank owns at stages 1-2
-(none at stage 0), and at stage 3 act on an empty placeholder; a
+(none at stage 0), and at stage 3 act on a placeholder only; a
 ``requires_grad`` turned on or off would leave a parameter untrained, or
 updated without the gradients it no longer gets. So the next ``step()`` refuses every
 such edit with the same error on every rank, naming the parameters, and so
@@ -16,10 +16,9 @@ so it drops or keeps nothing until the masters are shown again.
 
 What gives an edit away: the parameter's version counter (torch counts every
 in-place op on it and on its detached aliases), the tensor its ``.data`` is,
-its ``requires_grad``, and, where the module shows full parameters between
-steps (stages 0-2), a sum of their bytes, which a write through ``.data``
-changes without counting. At stage 3 a parameter between steps is an empty
-placeholder, so a write through ``.data`` there acts on no element at all.
+its ``requires_grad``, and a sum of the bytes the module shows between steps
+(the full parameters at stages 0-2, the placeholders at stage 3, ``params``),
+which a write through ``.data`` changes without counting.
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ class EditWatch:
         """Take what the parameters look like now (the masters, just shown) as what they should look like until
         the bridge sets them again; nothing is refused any more."""
         self.refusal = None
+        self.binder.reset_placeholders()
         self.seen = {name: _looks(p) for name, p in self.params.items()}
         self.sums = content_sums(self.binder.shown_buffers())
 
