@@ -1,4 +1,8 @@
-"""NumPy or CuPy: pick the array module of a buffer, and move buffers to the host."""
+"""NumPy, CuPy or the stand-in: pick the array module of a buffer, and move buffers between host and device.
+
+Every move between host and device is explicit (``to_host``, ``to_device``, ``write``), as CuPy requires:
+it refuses a host array assigned into a device array, and so does the stand-in (``mpizero.standin``).
+"""
 
 from __future__ import annotations
 
@@ -15,12 +19,23 @@ def is_device_array(a) -> bool:
 
 
 def array_module(a):
-    """Return ``cupy`` for CuPy arrays and ``numpy`` for everything else."""
-    if type(a).__module__.startswith("cupy"):
+    """Return ``cupy`` for CuPy arrays, ``mpizero.standin`` for the stand-in's and ``numpy`` for everything else."""
+    module = type(a).__module__
+    if module.startswith("cupy"):
         import cupy
 
         return cupy
+    if module.startswith("mpizero.standin"):
+        import mpizero.standin
+
+        return mpizero.standin
     return np
+
+
+def device_of(a) -> str:
+    """The device name (``DEVICES``) of the memory ``a`` lives in."""
+    xp = array_module(a)
+    return "cpu" if xp is np else "gpu" if xp.__name__ == "cupy" else "standin"
 
 
 def to_host(a) -> np.ndarray:
@@ -34,13 +49,26 @@ def bits(a) -> np.ndarray:
     return host.reshape(-1).view(np.uint8)
 
 
-DEVICES = ("cpu", "gpu")
+def write(target, host: np.ndarray) -> None:
+    """Copy host array ``host`` into ``target`` (the same shape and dtype), a host or a contiguous device array."""
+    if is_device_array(target):
+        target.set(host)
+    else:
+        target[...] = host
+
+
+DEVICES = ("cpu", "gpu", "standin")
 
 
 def device_module(device: str):
-    """Return the array module for ``cpu`` (NumPy) or ``gpu`` (CuPy), saying what is missing if it cannot."""
+    """Return the array module for ``cpu`` (NumPy), ``gpu`` (CuPy) or ``standin`` (``mpizero.standin``: the device
+    code paths on the CPU), saying what is missing if it cannot."""
     if device == "cpu":
         return np
+    if device == "standin":
+        import mpizero.standin
+
+        return mpizero.standin
     try:
         import cupy
     except ImportError:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from standin import StandInDevice
 
+from mpizero import standin
 from mpizero.comm.staging import PlainCopies, blocks_of, chunk_columns, staged_in_chunks
 
 ODD_CHUNKS = [8, 17 * 8, 257 * 8, 1 << 22]  # bytes: one int64, 17 and 257 of them, the default
@@ -56,12 +56,12 @@ def test_chunked_staging_delivers_the_same_bytes(op, block, world, chunk_bytes, 
     recv = rng.integers(-(2**40), 2**40, outs * block)
     name = "allgather" if op == "in place" else op
     want = expected(name, send, recv, rank, world)
-    device_recv = StandInDevice(recv.copy())
-    device_send = None if send is None else StandInDevice(send.copy())
+    device_recv = standin.ndarray(recv.copy())
+    device_send = None if send is None else standin.ndarray(send.copy())
     copied = staged_in_chunks(
         emulated(name, rank, world), device_send, device_recv, rank, world, PlainCopies(), chunk_bytes
     )
-    assert device_recv.host.tobytes() == want.tobytes()
+    assert device_recv.underneath.tobytes() == want.tobytes()
     assert copied == (max(ins, 1) + outs) * block * 8
 
 

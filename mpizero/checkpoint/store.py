@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpizero.arrays import to_host
+from mpizero.arrays import to_host, write
 from mpizero.checkpoint import compat, key, lock, manifest, replicated, structure
 from mpizero.checkpoint import directory as checkpoints
 from mpizero.checkpoint.layout import SavedLayout
@@ -238,7 +238,7 @@ def load(engine, path: str, overrides: Collection[str] = (), how=compat.CLI_OVER
                 reader.read(state, [(p.spec.name, p.start, p.stop, host) for p, host in hosts])
                 for piece, host in hosts:
                     if host is not piece.arrays[state]:
-                        piece.arrays[state][...] = host
+                        write(piece.arrays[state], host)
             bytes_read = reader.bytes_read
         arrays = replicated.read(path, saved["replicated"])
     except CheckpointError as error:

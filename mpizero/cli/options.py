@@ -64,7 +64,14 @@ WATCHDOG_SECONDS = 300.0  # also for the collectives of commands without --watch
 
 OPTIONS = {
     "model": (["--model"], dict(default="mlp", choices=list(MODELS), help="the model and the data it trains on")),
-    "device": (["--device"], dict(default="cpu", choices=DEVICES, help="cpu: NumPy arrays; gpu: CuPy arrays")),
+    "device": (
+        ["--device"],
+        dict(
+            default="cpu",
+            choices=DEVICES,
+            help="cpu: NumPy arrays; gpu: CuPy arrays; standin: the GPU code paths on a CPU stand-in for CuPy",
+        ),
+    ),
     "stage": (
         ["--stage"],
         dict(
@@ -157,6 +164,6 @@ def model_problems(args) -> list[str]:
 
 def device_problems(args) -> list[str]:
     """What the chosen device cannot do with the chosen precision."""
-    if args.device == "gpu" and not PRECISIONS[args.precision].on_gpu:
-        return [f"--precision {args.precision} is not available with --device gpu (CuPy has no bfloat16)"]
+    if args.device != "cpu" and not PRECISIONS[args.precision].on_gpu:  # the stand-in refuses what CuPy lacks
+        return [f"--precision {args.precision} is not available with --device {args.device} (CuPy has no bfloat16)"]
     return []

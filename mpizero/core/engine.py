@@ -81,7 +81,7 @@ class ZeroEngine:
         self.bound, bind_problem = _bind(optimizer, self.names) if problem is None else (None, None)
         problem = problem or bind_problem
         source = params if sharded or problem is not None else from_arrays(params)  # what fill makes values from
-        on_device = problem is None and source.device == "gpu"
+        on_device = problem is None and source.device != "cpu"
         self.collectives = Collectives(self.comm, self.config.watchdog, on_device)
         self.step_count = self.skipped_steps = 0
         self.peak_gathered_groups = 0
@@ -387,7 +387,7 @@ class ZeroEngine:
         """At a step's first call: fresh tallies, and the scales this pass encodes with (predicted, or forced)."""
         if not self._tracker.begin():
             return
-        self._tallies = [GroupTally(g.layout.specs) for g in self.groups]
+        self._tallies = [GroupTally(g.layout.specs, g.xp) for g in self.groups]
         self._hyper = None
         self.scales.begin()
 

@@ -25,6 +25,7 @@ import enum
 
 import numpy as np
 
+from mpizero.arrays import to_host
 from mpizero.core.reduce import exact
 from mpizero.core.stages import GradientCollective
 
@@ -132,7 +133,10 @@ class GroupGradients:
 
     def _keep(self, grads, predictions, outside, keep: Keep, measure: bool) -> None:
         """Hold the arrays whose elements the stream left out (only those elements are encoded from them later);
-        with ``measure``, a tensor with no prediction is only measured (the step will be redone)."""
+        with ``measure``, a tensor with no prediction is only measured (the step will be redone). On a device the
+        counts come back in one copy."""
+        if self.xp is not np and outside:
+            outside = to_host(self.xp.stack(outside)).tolist()
         for index, (spec, prediction, left_out) in enumerate(zip(self.layout.specs, predictions, outside)):
             if int(left_out) and not (measure and prediction is None):
                 x = grads[spec.name].reshape(-1)

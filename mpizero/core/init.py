@@ -24,7 +24,7 @@ from math import prod
 
 import numpy as np
 
-from mpizero.arrays import DEVICES, array_module, device_module, is_device_array, to_device
+from mpizero.arrays import DEVICES, array_module, device_module, device_of, to_device
 
 BLOCK = 1 << 16  # elements drawn together: a block's values never depend on the range asked for
 RAW_PER_COUNTER = 4  # Philox4x64 yields four 64-bit words per counter value
@@ -78,7 +78,7 @@ def from_arrays(params: Mapping) -> ShardedInit:
         {name: tuple(a.shape) for name, a in params.items()},
         lambda name, start, stop: params[name].reshape(-1)[start:stop],
         "full arrays",
-        "gpu" if is_device_array(first) else "cpu",
+        device_of(first),
     )
 
 
@@ -107,7 +107,7 @@ def checked_fill(init: ShardedInit, xp) -> Callable[[str, int, int], object]:
 
 def values_problem(values, numel: int, xp) -> str | None:
     """What is wrong with ``fill``'s answer for ``numel`` elements on ``xp`` (None when nothing is)."""
-    expected = "numpy.ndarray" if xp is np else "cupy.ndarray"
+    expected = f"{xp.__name__}.ndarray"
     kind = f"{type(values).__module__}.{type(values).__name__}"
     if (xp is np and not isinstance(values, np.ndarray)) or array_module(values) is not xp:
         return f"a {kind}, expected a {expected}"

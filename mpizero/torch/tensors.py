@@ -9,6 +9,7 @@ host memory refilled by the next gather while anything still holds it.
 
 from __future__ import annotations
 
+import os
 import weakref
 
 import ml_dtypes
@@ -18,9 +19,12 @@ import torch
 from mpizero.arrays import is_device_array
 from mpizero.errors import ZeroError
 
+STANDIN = os.environ.get("MPIZERO_STANDIN") == "1"  # CPU tensors stand for CUDA ones (``mpizero.standin``)
+
 
 def as_array(tensor: torch.Tensor):
-    """View a CPU tensor as a NumPy array, or a CUDA tensor as a CuPy array (DLPack); no copy."""
+    """View a CPU tensor as a NumPy array, or a CUDA tensor as a CuPy array (DLPack); no copy. With
+    ``MPIZERO_STANDIN=1`` a CPU tensor becomes a stand-in device array instead, so the bridge takes its CUDA path."""
     tensor = tensor.detach()
     if tensor.device.type == "cuda":
         import cupy
@@ -28,6 +32,10 @@ def as_array(tensor: torch.Tensor):
         return cupy.from_dlpack(tensor)
     if tensor.device.type != "cpu":
         raise ZeroError(f"mpizero.torch holds CPU or CUDA tensors, got one on {tensor.device}")
+    if STANDIN:
+        import mpizero.standin
+
+        return mpizero.standin.from_dlpack(tensor)
     return tensor.numpy()
 
 

@@ -16,9 +16,8 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from expect import expect_error
-from standin import StandInDevice  # noqa: E402
 
-from mpizero import SGD, Adam, Reference, ZeroEngine, split_evenly
+from mpizero import SGD, Adam, Reference, ZeroEngine, split_evenly, standin
 from mpizero.comm.collectives import Collectives
 from mpizero.comm.cuda_aware import cuda_aware
 from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
@@ -96,6 +95,16 @@ def check_bad_gradients_fail_on_every_rank():
     engine.step(grads)  # the engine is still usable after agreed errors
 
 
+def check_host_gradients_for_a_device_engine_fail_on_every_rank():
+    """CuPy's kernels refuse host arrays; the engine refuses them at the door instead, on every rank."""
+    params = {name: standin.asarray(value) for name, value in MODEL.init(1).items()}
+    engine = ZeroEngine(params, SGD(lr=0.1), comm=comm, stage=3)
+    grads = {k: standin.zeros_like(v) for k, v in params.items()}
+    host = dict(grads, **{"l1.w": np.zeros((17, 11), np.float32)}) if rank == size - 1 else grads
+    expect_error(lambda: engine.step(host), f"rank {size - 1}", "'l1.w' is a numpy.ndarray", "mpizero.standin arrays")
+    engine.step(grads)
+
+
 def check_disagreement_at_setup_fails_on_every_rank():
     if size == 1:
         return
@@ -121,14 +130,14 @@ def check_host_staging():
     send = np.arange(4 * size, dtype=np.int64) * (rank + 1)
     expected = np.empty(4, np.int64)
     comm.Reduce_scatter_block(send, expected)
-    recv = StandInDevice(np.zeros(4, np.int64))
-    coll.reduce_scatter(StandInDevice(send), recv)
-    assert recv.host.tolist() == expected.tolist()
+    recv = standin.ndarray(np.zeros(4, np.int64))
+    coll.reduce_scatter(standin.ndarray(send), recv)
+    assert recv.underneath.tolist() == expected.tolist()
     full = np.zeros(3 * size, np.float32)
     full[3 * rank : 3 * rank + 3] = rank
-    device_full = StandInDevice(full.copy())
+    device_full = standin.ndarray(full.copy())
     coll.allgather_in_place(device_full)
-    assert device_full.host.tolist() == np.repeat(np.arange(size), 3).tolist()
+    assert device_full.underneath.tolist() == np.repeat(np.arange(size), 3).tolist()
     assert coll.traffic.calls - Counter(agreement=coll.traffic.calls["agreement"]) == {
         "reduce_scatter": 1,
         "allgather": 1,
@@ -170,6 +179,7 @@ check_bitwise_against_reference()
 check_native_is_close_not_claimed_bitwise()
 check_memory_by_stage()
 check_bad_gradients_fail_on_every_rank()
+check_host_gradients_for_a_device_engine_fail_on_every_rank()
 check_disagreement_at_setup_fails_on_every_rank()
 check_host_staging()
 engine, _ = train(3, Adam(lr=1e-2), steps=3)

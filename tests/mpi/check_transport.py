@@ -14,10 +14,11 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from standin import StandInDevice  # noqa: E402
 
+from mpizero import standin  # noqa: E402
 from mpizero.comm.collectives import Collectives  # noqa: E402
 from mpizero.comm.cuda_aware import cuda_aware  # noqa: E402
+from mpizero.standin import bus  # noqa: E402
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -40,46 +41,46 @@ def check_same_bytes_as_host_mpi(coll: Collectives, block: int) -> None:
     send = random(size * block, np.int64)
     want = np.empty(block, np.int64)
     comm.Reduce_scatter_block(send, want, op=MPI.SUM)
-    got = StandInDevice(np.zeros(block, np.int64))
-    coll.reduce_scatter(StandInDevice(send.copy()), got)
-    assert got.host.tobytes() == want.tobytes(), ("reduce_scatter", block)
+    got = standin.ndarray(np.zeros(block, np.int64))
+    coll.reduce_scatter(standin.ndarray(send.copy()), got)
+    assert got.underneath.tobytes() == want.tobytes(), ("reduce_scatter", block)
 
     send = random(block, np.int64)
     want = np.empty(block, np.int64)
     comm.Allreduce(send, want, op=MPI.SUM)
-    got = StandInDevice(np.zeros(block, np.int64))
-    coll.allreduce(StandInDevice(send.copy()), got)
-    assert got.host.tobytes() == want.tobytes(), ("allreduce", block)
+    got = standin.ndarray(np.zeros(block, np.int64))
+    coll.allreduce(standin.ndarray(send.copy()), got)
+    assert got.underneath.tobytes() == want.tobytes(), ("allreduce", block)
 
     for dtype in (np.int64, np.float16):
         send = random(block, dtype)
         want = np.empty(size * block, dtype)
         comm.Allgather(send.view(np.uint8), want.view(np.uint8))
-        got = StandInDevice(np.zeros(size * block, dtype))
-        coll.allgather(StandInDevice(send.copy()), got)
-        assert got.host.tobytes() == want.tobytes(), ("allgather", dtype, block)
+        got = standin.ndarray(np.zeros(size * block, dtype))
+        coll.allgather(standin.ndarray(send.copy()), got)
+        assert got.underneath.tobytes() == want.tobytes(), ("allgather", dtype, block)
         full = np.zeros(size * block, dtype)
         full[rank * block : (rank + 1) * block] = send
-        in_place = StandInDevice(full)
+        in_place = standin.ndarray(full)
         coll.allgather_in_place(in_place)
-        assert in_place.host.tobytes() == want.tobytes(), ("allgather in place", dtype, block)
+        assert in_place.underneath.tobytes() == want.tobytes(), ("allgather in place", dtype, block)
 
 
 def check_staging(staging: str) -> None:
     coll = collectives_for(staging)
     before = dict(coll.traffic.calls)
-    StandInDevice.counts.clear()
+    bus.COUNTS.clear()
     for block in (1, 17, 257):
         check_same_bytes_as_host_mpi(coll, block)
     calls = Counter(coll.traffic.calls) - Counter(before)
     assert calls == {"reduce_scatter": 3, "allreduce": 3, "allgather": 12}, calls
     staged = sum(coll.traffic.staged.values())
     if size == 1:  # one rank moves nothing: no copy to or from the "device", nothing staged
-        assert StandInDevice.counts["get"] == StandInDevice.counts["set"] == staged == 0, StandInDevice.counts
+        assert bus.COUNTS["d2h"] == bus.COUNTS["h2d"] == staged == 0, bus.COUNTS
     else:
-        assert StandInDevice.counts["get"] > 0 and staged == StandInDevice.counts["bytes"], (
+        assert bus.COUNTS["d2h"] > 0 and staged == bus.COUNTS["bytes"], (
             staged,
-            StandInDevice.counts,
+            bus.COUNTS,
         )
 
 

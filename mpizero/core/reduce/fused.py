@@ -82,9 +82,30 @@ def masked(total: str, ops, assign: bool) -> str:
     return f"{total} = {encode(ops, '0' if assign else total, 'inside ? x : 0.0f', 'k')}"
 
 
+def numpy_kernels(kernel) -> SimpleNamespace:
+    """The same kernels as NumPy bodies, each made a device launch by ``kernel`` (the stand-in's, which runs them
+    on the memory underneath its device arrays: ``mpizero.standin``)."""
+
+    def masked_encode(assign: bool):
+        def body(x, k, lo, hi, total):
+            bits = x.view(np.uint32) & np.uint32(0x7FFFFFFF)
+            inside = np.where((bits >= lo) & (bits < hi), x, np.float32(0))
+            total[...] = encode(numpy_ops(int(k)), np.int64(0) if assign else total, inside, int(k))
+
+        return kernel(body)
+
+    def decode_into(total, divisor, out):
+        out[...] = decode(NUMPY_OPS, total, divisor)
+
+    return SimpleNamespace(add=masked_encode(False), assign=masked_encode(True), decode=kernel(decode_into))
+
+
 @functools.cache
 def kernels(cupy) -> SimpleNamespace:
-    """The compiled CuPy kernels (built on first use): ``add``, ``assign`` (masked encodes), ``decode``."""
+    """The device kernels (built on first use): ``add``, ``assign`` (masked encodes), ``decode``; compiled by CuPy,
+    or evaluated by NumPy on the stand-in."""
+    if hasattr(cupy, "kernel"):
+        return numpy_kernels(cupy.kernel)
     make = cupy.ElementwiseKernel
     inputs = "float32 x, int32 k, uint32 lo, uint32 hi"
     bits = "unsigned int b = __float_as_uint(x) & 0x7fffffffu; bool inside = b >= lo && b < hi;"

@@ -13,7 +13,7 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from mpizero.arrays import array_module
+from mpizero.arrays import array_module, to_host
 from mpizero.core.reduce import exact
 
 
@@ -23,20 +23,34 @@ def squares_exponent(max_abs: float, numel: int) -> int:
 
 
 def fixed_point_squares(pieces, k: int) -> int:
-    """Return ``sum(rint(x**2 * 2**k))`` over every element of ``pieces`` as a Python int."""
-    total = 0
+    """Return ``sum(rint(x**2 * 2**k))`` over every element of ``pieces`` as a Python int (each piece's int64 sum
+    read back in one copy)."""
+    partials = []
     for x in pieces:
-        xp = array_module(x)
         wide = x.astype(np.float64)
         wide *= wide
         wide *= math.ldexp(1.0, k)
-        total += int(xp.rint(wide).astype(np.int64).sum())
-    return total
+        partials.append(array_module(x).rint(wide).astype(np.int64).sum())
+    return sum(_read_back(partials).tolist())
+
+
+def largest_magnitude(pieces) -> float:
+    """The largest magnitude over every element of ``pieces`` (inf if any is NaN or Inf), read back in one copy."""
+    ends = _read_back([end for x in pieces if x.size for end in (x.max(), x.min())])
+    if ends.size == 0:
+        return 0.0
+    largest = max(float(ends.max()), -float(ends.min()))
+    return largest if math.isfinite(largest) else math.inf
+
+
+def _read_back(scalars) -> np.ndarray:
+    """Scalars computed where their arrays live, as one host array."""
+    return to_host(array_module(scalars[0]).stack(scalars)) if scalars else np.empty(0)
 
 
 def global_norm(pieces, numel: int, collectives=None) -> float:
     """Return the L2 norm of the vector whose pieces are spread over ``collectives``' ranks (None: all here)."""
-    largest = max((exact.max_abs(x) for x in pieces), default=0.0)
+    largest = largest_magnitude(pieces)
     if collectives is not None:
         largest = collectives.allreduce_value(largest, MPI.MAX, "the largest gradient for the norm")
     if not math.isfinite(largest):

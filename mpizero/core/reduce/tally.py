@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from mpizero.arrays import to_host
+from mpizero.arrays import array_module, to_host
 from mpizero.core.reduce.exact import magnitude_of_bits
 
 GRAD_DTYPE = np.dtype(np.float32)
@@ -23,8 +23,8 @@ FIXED_FIELDS = 5  # count, problem, measured, and the optimizer digest with its 
 class GroupTally:
     """This rank's count of contributions, per-tensor maxima and kept flags, and first problem, for one group."""
 
-    def __init__(self, specs) -> None:
-        self.specs = specs
+    def __init__(self, specs, xp) -> None:
+        self.specs, self.xp = specs, xp
         self.count = self.seen = 0
         self.top_bits = [0] * len(specs)
         self.kept = [False] * len(specs)
@@ -34,7 +34,7 @@ class GroupTally:
 
     def check(self, grads, known_names) -> bool:
         """Check one contribution's contract; return whether it may be encoded (False once any problem was seen)."""
-        problem = contribution_problem(grads, self.specs, known_names, self.seen)
+        problem = contribution_problem(grads, self.specs, known_names, self.seen, self.xp)
         self.seen += 1
         self.problem = self.problem or (problem and f"bad gradients: {problem}")
         return self.problem is None
@@ -65,9 +65,8 @@ class GroupTally:
     def _settle_pending(self) -> None:
         """Copy every contribution's device maxima to the host in one transfer."""
         if self.pending:
-            import cupy
-
-            stacked = to_host(cupy.stack([cupy.stack([*tops, *outside]) for tops, outside in self.pending]))
+            xp = array_module(self.pending[0][0][0])
+            stacked = to_host(xp.stack([xp.stack([*tops, *outside]) for tops, outside in self.pending]))
             count = len(self.specs)
             for row in stacked.tolist():
                 self._fold(row[:count], row[count:])
@@ -81,8 +80,9 @@ class GroupTally:
         return np.array([*fixed, *self.kept, *maxima], dtype=np.float64)
 
 
-def contribution_problem(grads, specs, known_names, index: int) -> str | None:
-    """What is wrong with one contribution for these tensors (None when nothing is)."""
+def contribution_problem(grads, specs, known_names, index: int, xp) -> str | None:
+    """What is wrong with one contribution for these tensors, whose params live in ``xp``'s memory (None when
+    nothing is): a host gradient handed to a device engine, or the reverse, is one of them."""
     if not isinstance(grads, Mapping):
         return f"contribution {index} is a {type(grads).__name__}, not a dict of gradients"
     unknown = sorted(set(grads) - set(known_names))
@@ -94,6 +94,11 @@ def contribution_problem(grads, specs, known_names, index: int) -> str | None:
             return f"contribution {index} has no gradient for {spec.name!r}"
         if not hasattr(g, "dtype") or not hasattr(g, "shape"):
             return f"contribution {index}: gradient {spec.name!r} is a {type(g).__name__}, not an array"
+        if array_module(g) is not xp:
+            return (
+                f"contribution {index}: gradient {spec.name!r} is a {type(g).__module__}.{type(g).__name__}, but "
+                f"the parameters live in {xp.__name__} arrays (move it there first)"
+            )
         if tuple(g.shape) != spec.shape or g.dtype != GRAD_DTYPE:
             return (
                 f"contribution {index}: gradient {spec.name!r} is {g.dtype}{list(g.shape)}, "

@@ -1,0 +1,241 @@
+"""The stand-in's device array: a host array underneath that reaches the host only when asked, as CuPy's does.
+
+It refuses what CuPy refuses, with CuPy's errors: turning into a NumPy array implicitly (``numpy.asarray``,
+``__array__``), a host array assigned into it (``a[...] = host``: CuPy's ``fill`` refuses a non-scalar ndarray), and
+host arrays mixed with device arrays in any operation. What CuPy allows but pays for on a GPU (``get``, ``set``,
+``float()``, ``int()``, ``bool()``, ``item()``, ``tolist()``, printing) works and is counted (``bus``). NumPy's
+functions and operators run on the host array underneath and give device arrays back (a reduction gives a 0-d
+device array, as CuPy's does), each counted as a launch on the current stream (``cuda``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.lib.mixins
+
+from mpizero.standin import bus, cuda
+
+IMPLICIT = (
+    "Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a NumPy array explicitly."
+)
+METHODS = (  # cupy.ndarray's methods that compute on the device (see ``_forward``)
+    "all any argmax argmin argsort clip copy cumsum dot flatten max mean min nonzero prod ravel repeat reshape "
+    "round sort squeeze std sum swapaxes take transpose var view"
+).split()
+
+
+class ndarray(numpy.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's name, as errors show it
+    """A device array of the stand-in (see the module's docstring)."""
+
+    __array_priority__ = 100
+
+    def __init__(self, host: np.ndarray) -> None:
+        self._host = host
+
+    shape = property(lambda self: self._host.shape)
+    dtype = property(lambda self: self._host.dtype)
+    size = property(lambda self: self._host.size)
+    ndim = property(lambda self: self._host.ndim)
+    nbytes = property(lambda self: self._host.nbytes)
+    itemsize = property(lambda self: self._host.itemsize)
+    strides = property(lambda self: self._host.strides)
+    flags = property(lambda self: self._host.flags)
+    T = property(lambda self: ndarray(self._host.T))
+    underneath = property(lambda self: self._host, doc="The host memory underneath, uncounted: for tests to look.")
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """The buffer's address, so MPI can be handed it (on the stand-in, "device" memory is host memory)."""
+        host = self._host.__array_interface__
+        return {
+            "shape": host["shape"],
+            "typestr": host["typestr"],
+            "data": host["data"],
+            "strides": host["strides"],
+            "version": 3,
+        }
+
+    # What CuPy refuses -------------------------------------------------------
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(IMPLICIT)
+
+    def __setitem__(self, index, value) -> None:
+        if isinstance(value, np.ndarray) and value.shape != ():
+            raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
+        if isinstance(value, (list, tuple)):
+            raise TypeError(f"Unsupported type {type(value)}")
+        if isinstance(value, ndarray):
+            bus.COUNTS["device copy"] += 1
+        cuda.launched()
+        self._host[device_index(index)] = value._host if isinstance(value, ndarray) else value
+
+    def fill(self, value) -> None:
+        if isinstance(value, np.ndarray) and value.shape != ():
+            raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
+        cuda.launched()
+        self._host.fill(value)
+
+    # Device computation --------------------------------------------------------
+
+    def __array_ufunc__(self, ufunc, method: str, *inputs, **kwargs):
+        out = kwargs.get("out")
+        result = getattr(ufunc, method)(*on_device(inputs), **on_device(kwargs))
+        cuda.launched()
+        if out is not None:
+            return out[0] if len(out) == 1 else out
+        return wrap(result)
+
+    def __array_function__(self, func, types, args, kwargs):
+        return compute(func, args, kwargs)
+
+    def __getitem__(self, index):
+        return wrap(self._host[device_index(index)])
+
+    def __len__(self) -> int:
+        return len(self._host)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def astype(self, dtype, order="K", casting=None, subok=None, copy=True):
+        converted = self._host.astype(dtype, order=order, copy=copy)
+        if converted is self._host:
+            return self
+        cuda.launched()
+        return ndarray(converted)
+
+    # What crosses the bus ------------------------------------------------------
+
+    def get(self, stream=None, order="C", out=None, blocking=True) -> np.ndarray:
+        """Copy to the host (a new array, or ``out``); ``blocking=False`` returns before the copy is done."""
+        if out is not None:
+            self._check_host(out, "obtained from")
+        bus.copied("d2h", self.nbytes, blocking)
+        (cuda.get_current_stream() if stream is None else stream).launches += 1
+        if out is None:
+            return np.array(self._host, order=order)
+        out[...] = self._host
+        return out
+
+    def set(self, arr: np.ndarray, stream=None) -> None:
+        """Copy host array ``arr`` (the same dtype and shape) into this contiguous device array."""
+        self._check_host(arr, "set to")
+        if not self._host.flags.c_contiguous:
+            raise RuntimeError("Cannot set to non-contiguous array")
+        bus.copied("h2d", arr.nbytes, False)
+        (cuda.get_current_stream() if stream is None else stream).launches += 1
+        self._host[...] = arr
+
+    def _check_host(self, host, verb: str) -> None:
+        """CuPy's checks of a host array copied from or into this one (``verb``: "obtained from", "set to")."""
+        if not isinstance(host, np.ndarray):
+            raise TypeError(f"Only numpy.ndarray can be {verb} cupy.ndarray")
+        if host.dtype != self.dtype:
+            raise TypeError(f"{host.dtype} array cannot be {verb} {self.dtype} array")
+        if host.shape != self.shape:
+            raise ValueError("Shape mismatch")
+
+    def _to_host(self) -> np.ndarray:
+        bus.copied("d2h", self.nbytes, True)
+        return self._host
+
+    def item(self):
+        return self._to_host().item()
+
+    def tolist(self):
+        return self._to_host().tolist()
+
+    def __float__(self) -> float:
+        return float(self._scalar())
+
+    def __int__(self) -> int:
+        return int(self._scalar())
+
+    def __index__(self) -> int:
+        return self._scalar().__index__()
+
+    def __bool__(self) -> bool:
+        return bool(self._scalar())
+
+    def _scalar(self):
+        if self.size != 1:
+            raise TypeError("only length-1 arrays can be converted to Python scalars")
+        return self._to_host().reshape(-1)[0]
+
+    def __repr__(self) -> str:
+        return repr(self._to_host()).replace("array(", "standin.array(", 1)
+
+    def __str__(self) -> str:
+        return str(self._to_host())
+
+    def __format__(self, spec: str) -> str:
+        return format(self._to_host() if self.ndim else self._scalar(), spec)
+
+    def __reduce__(self):
+        return (ndarray, (self._to_host().copy(),))
+
+    # DLPack: a CPU capsule, so torch.from_dlpack gives a CPU tensor over the same memory ---------------------
+
+    def __dlpack__(self, **kwargs):
+        return self._host.__dlpack__(**{k: v for k, v in kwargs.items() if k != "stream"})
+
+    def __dlpack_device__(self):
+        return self._host.__dlpack_device__()
+
+
+def _forward(name: str):
+    def method(self, *args, **kwargs):
+        cuda.launched()
+        return wrap(getattr(self._host, name)(*on_device(args), **on_device(kwargs)))
+
+    method.__name__ = name
+    return method
+
+
+for _name in METHODS:
+    setattr(ndarray, _name, _forward(_name))
+
+
+def compute(func, args, kwargs):
+    """``func`` of NumPy run on the arrays underneath device arguments; the results as device arrays."""
+    result = func(*on_device(args), **on_device(kwargs))
+    cuda.launched()
+    return wrap(result)
+
+
+def on_device(value):
+    """The host arrays underneath device arrays, at any depth of tuples, lists and dicts; host arrays refused, as
+    CuPy refuses them beside device arrays (NumPy scalars and 0-d arrays pass, as CuPy passes them by value)."""
+    if isinstance(value, ndarray):
+        return value._host
+    if isinstance(value, np.ndarray) and value.shape != ():
+        raise TypeError(f"Unsupported type {type(value)}")
+    if isinstance(value, (tuple, list)):
+        return type(value)(on_device(v) for v in value)
+    if isinstance(value, dict):
+        return {k: on_device(v) for k, v in value.items()}
+    return value
+
+
+def device_index(index):
+    """An index into a device array: device arrays in it as they are, host index arrays copied to the device first
+    (CuPy accepts them)."""
+    if isinstance(index, tuple):
+        return tuple(device_index(i) for i in index)
+    if isinstance(index, ndarray):
+        return index._host
+    if isinstance(index, (np.ndarray, list)):
+        bus.copied("h2d", np.asarray(index).nbytes, False)
+    return index
+
+
+def wrap(value):
+    """Device arrays for NumPy's results (a NumPy scalar or bool becomes a 0-d device array, as CuPy gives)."""
+    if isinstance(value, np.ndarray):
+        return ndarray(value)
+    if isinstance(value, (np.generic, bool)):
+        return ndarray(np.asarray(value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(wrap(v) for v in value)
+    return value
