@@ -44,3 +44,51 @@ def test_results_stay_on_the_device_and_every_copy_is_counted():
 
 def test_device_names():
     assert device_of(standin.zeros(1)) == "standin" and device_of(np.zeros(1)) == "cpu"
+
+
+def standin_model(monkeypatch, stage: int):
+    """A 3-group torch model sharded with its CPU tensors standing for CUDA ones (``MPIZERO_STANDIN=1``)."""
+    import torch
+
+    from mpizero.torch import shard, tensors
+
+    monkeypatch.setattr(tensors, "STANDIN", True)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    return model, shard(model, torch.optim.AdamW(model.parameters(), lr=1e-3), stage=stage)
+
+
+def backward_passes(model, count: int) -> None:
+    import torch
+
+    for i in range(count):
+        model(torch.full((3, 4), 0.1 * (i + 1))).sum().backward()
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_the_first_steps_held_gradients_wait_in_host_memory(monkeypatch, stage):
+    model, zero = standin_model(monkeypatch, stage)
+    backward_passes(model, 3)
+    held = [a for g in zero.engine.groups for arrays in g.gradients.kept.values() for a, _ in arrays]
+    assert len(held) == 3 * 6 and all(isinstance(a, np.ndarray) for a in held)  # every tensor of every pass
+    zero.step()
+    assert array_module(zero.engine.groups[0].grad_shard) is standin
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_copies_to_the_host_per_step_grow_only_by_one_per_group_and_backward_pass(monkeypatch, stage):
+    """What a step copies back: per group and backward pass, its left-out counts (one copy); per group, its
+    maxima for the agreement; per step, the edit watch's two (its sums checked, then taken again) and, with
+    clipping, the norm's two."""
+    model, zero = standin_model(monkeypatch, stage)
+    backward_passes(model, 2)
+    zero.step()  # the first step holds its gradients (above)
+    copies = {}
+    for passes in (2, 4):
+        bus.COUNTS.clear()
+        backward_passes(model, passes)
+        zero.step()
+        copies[passes] = bus.COUNTS["d2h"]
+    groups = len(zero.engine.groups)
+    assert copies[4] - copies[2] == 2 * groups, copies
+    assert copies[2] == 2 * groups + groups + 2, copies

@@ -14,7 +14,7 @@ import torch_user_models as users  # noqa: E402
 
 import mpizero  # noqa: E402
 from mpizero.core import heap  # noqa: E402
-from mpizero.torch import shard  # noqa: E402
+from mpizero.torch import shard, tensors  # noqa: E402
 from mpizero.torch.params import MARK  # noqa: E402
 
 STEPS, MICRO_BATCHES = 3, 5
@@ -192,9 +192,12 @@ def test_stage_3_parameters_are_one_element_placeholders_between_uses():
     assert model.embed.weight.shape == (1,)
 
 
-def test_stage_3_refills_full_params_still_held_instead_of_allocating_more():
+@pytest.mark.parametrize("standin", [False, True])  # the stand-in takes the device path (CUDA's)
+def test_stage_3_refills_full_params_still_held_instead_of_allocating_more(monkeypatch, standin):
+    monkeypatch.setattr(tensors, "STANDIN", standin)
     model, _ = users.make("tied")
     zero = shard(model, mpizero.SGD(lr=0.1), stage=3)
+    assert zero.engine.groups[0].xp.__name__ == ("mpizero.standin" if standin else "numpy")
     with zero.gathered():
         held = model.embed.weight.detach().numpy()  # outlives the block, as autograd's saved views of a forward do
     x, y = users.batch("tied", 0, 0)
@@ -206,8 +209,10 @@ def test_stage_3_refills_full_params_still_held_instead_of_allocating_more():
         assert np.array_equal(held, zero.master_params()["embed.weight"])  # the params as of this gather
 
 
-@pytest.mark.parametrize("trim_heap", [True, False])
-def test_the_heap_is_trimmed_after_a_backward_or_step_only_when_it_grew(monkeypatch, trim_heap):
+@pytest.mark.parametrize("trim_heap, standin", [(True, False), (False, False), (True, True)])
+def test_the_heap_is_trimmed_after_a_backward_or_step_only_when_it_grew(monkeypatch, trim_heap, standin):
+    """Where the gradients and params live on a device (the stand-in's), the host heap is never trimmed."""
+    monkeypatch.setattr(tensors, "STANDIN", standin)
     calls, size = [], [0]
     monkeypatch.setattr(heap, "release_free_pages", lambda: calls.append(size[0]) or True)
     monkeypatch.setattr(heap, "heap_bytes", lambda: size[0])
@@ -219,7 +224,7 @@ def test_the_heap_is_trimmed_after_a_backward_or_step_only_when_it_grew(monkeypa
         x, y = users.batch("mlp", 0, m)
         users.loss("mlp", model(x), y).backward()
     zero.step()
-    assert calls == ([heap.GROWTH] if trim_heap else [])  # trimmed once, when it had grown by GROWTH
+    assert calls == ([heap.GROWTH] if trim_heap and not standin else [])  # once, when it had grown by GROWTH
 
 
 def test_releasing_free_pages_shrinks_a_fragmented_heap():

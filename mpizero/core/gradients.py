@@ -134,13 +134,15 @@ class GroupGradients:
     def _keep(self, grads, predictions, outside, keep: Keep, measure: bool) -> None:
         """Hold the arrays whose elements the stream left out (only those elements are encoded from them later);
         with ``measure``, a tensor with no prediction is only measured (the step will be redone). On a device the
-        counts come back in one copy."""
-        if self.xp is not np and outside:
+        counts come back in one copy, and what is held is held in host memory: the run's first step holds every
+        contribution, which the device's memory is not sized for."""
+        on_device = self.xp is not np
+        if on_device and outside:
             outside = to_host(self.xp.stack(outside)).tolist()
         for index, (spec, prediction, left_out) in enumerate(zip(self.layout.specs, predictions, outside)):
             if int(left_out) and not (measure and prediction is None):
                 x = grads[spec.name].reshape(-1)
-                held = x if keep is Keep.REFERENCE else x.copy()
+                held = to_host(x) if on_device else x if keep is Keep.REFERENCE else x.copy()
                 lowest = 0 if prediction is None else prediction.cap_bits
                 self.kept.setdefault(index, []).append((held, lowest))
 

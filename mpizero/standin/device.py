@@ -41,7 +41,7 @@ class ndarray(numpy.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's na
     strides = property(lambda self: self._host.strides)
     flags = property(lambda self: self._host.flags)
     T = property(lambda self: ndarray(self._host.T))
-    underneath = property(lambda self: self._host, doc="The host memory underneath, uncounted: for tests to look.")
+    underneath = property(lambda self: self._host, doc="The host array that owns the memory (no copy is counted).")
 
     @property
     def __cuda_array_interface__(self) -> dict:

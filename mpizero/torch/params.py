@@ -44,7 +44,7 @@ class Binder:
         ]
         if self.sharded or not self.zero_copy:
             for index, group in enumerate(engine.groups):
-                self.buffers.append(FullParams(group.partition.padded_numel, device))
+                self.buffers.append(FullParams(group.partition.padded_numel, group.xp))
                 if self.sharded:
                     self._hide(index)
                 else:

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
@@ -60,9 +61,9 @@ def shard(
     (``with torch.device("meta"):``) is materialized one module at a time,
     each rank keeping only what it holds, by each module's ``reset_parameters()``
     or by ``init(module)`` (see ``meta``). ``trim_heap``: hand the C heap's free pages back to the OS when it
-    grew (see ``heap``). ``seed``: what ``micro_batch(i)`` seeds torch's generators from, with the step and
-    ``i`` (default: ``torch.initial_seed()``, the same on every rank). ``settings`` are the engine's
-    (``reduction``, ``param_dtype``, ``clip_norm``, ``on_nonfinite``, ...);
+    grew (see ``heap``; not where the parameters live on a GPU). ``seed``: what ``micro_batch(i)`` seeds
+    torch's generators from, with the step and ``i`` (default: ``torch.initial_seed()``, the same on every
+    rank). ``settings`` are the engine's (``reduction``, ``param_dtype``, ``clip_norm``, ``on_nonfinite``, ...);
     ``watchdog`` defaults to 600 seconds (None turns it off).
     """
     if any(habits.owner_of(p) is not None for p in model.parameters()):
@@ -140,7 +141,8 @@ class ShardedModel:
         self._trim()
 
     def _trim(self) -> None:
-        if self.trim_heap:
+        """Hand the C heap's free pages back when it grew, where the gradients and params live on the host."""
+        if self.trim_heap and self.engine.groups[0].xp is np:
             heap.release_if_grown()
 
     def last_backward(self) -> None:

@@ -68,37 +68,35 @@ class FullParams:
     """One group's full params (padded numel, float32) as a torch tensor, allocated only while gathered.
 
     Freeing only drops this reference: whoever still holds the memory (autograd's saved views of a unit's
-    forward, kept for its backward; a NumPy array a caller took inside ``gathered()``) holds valid memory, never
-    a view of freed storage. On the host, while anything holds it, the next gather refills that memory instead
-    of allocating more (as FSDP2 refills its unsharded storage for the backward): a unit's backward then needs
-    no second buffer, and a held view shows the group's params as of the last gather, as a view of a plain torch
-    parameter shows them after an update.
+    forward, kept for its backward; an array a caller took inside ``gathered()``) holds valid memory, never a
+    view of freed storage. While anything holds it, the next gather refills that memory instead of allocating
+    more, on the host as on a GPU (as FSDP2 refills its unsharded storage for the backward): a unit's backward
+    then needs no second buffer, and a held view shows the group's params as of the last gather, as a view of a
+    plain torch parameter shows them after an update. The memory is the engine's array module's (NumPy's, or
+    CuPy's pool on a GPU), shared with torch without a copy; torch's tensor keeps that array alive, so a weak
+    reference to it tells whether anything still holds the memory.
     """
 
-    def __init__(self, numel: int, device: torch.device) -> None:
-        self.numel, self.device = numel, device
+    def __init__(self, numel: int, xp) -> None:
+        self.numel, self.xp = numel, xp
         self.nbytes = 4 * numel
         self.tensor: torch.Tensor | None = None
-        self._last = lambda: None  # the last host buffer, while anything still holds it (a weak reference)
+        self._last = lambda: None  # the array owning the last buffer, while anything still holds it (weakly)
 
     @property
     def allocated(self) -> bool:
         return self.tensor is not None
 
     def allocate(self):
-        """Make the buffer exist (if it does not); return an array view of it (zero-copy)."""
+        """Make the buffer exist (if it does not): the last one if anything still holds it, else a new one; return
+        an array view of it (zero-copy)."""
         if self.tensor is None:
-            on_host = self.device.type == "cpu"
-            self.tensor = self._host() if on_host else torch.empty(self.numel, dtype=torch.float32, device=self.device)
+            memory = self._last()
+            if memory is None:
+                memory = self.xp.empty(self.numel, dtype=np.float32)
+                self._last = weakref.ref(getattr(memory, "underneath", memory))  # the stand-in's: its host array
+            self.tensor = as_tensor(memory)
         return as_array(self.tensor)
-
-    def _host(self) -> torch.Tensor:
-        """The last host buffer if anything still holds it, else a new one."""
-        memory = self._last()
-        if memory is None:
-            memory = np.empty(self.numel, dtype=np.float32)
-            self._last = weakref.ref(memory)
-        return torch.from_numpy(memory)  # its storage holds ``memory`` as long as any view of it lives
 
     def free(self) -> None:
         self.tensor = None

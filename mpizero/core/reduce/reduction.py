@@ -60,10 +60,11 @@ class ExactReduction:
         """Write every kept element into ``local`` at its tensor's chosen scale: ``kept[index]`` lists
         ``(array, lowest)``, whose elements with magnitude bits in ``[lowest, highest)`` were left out."""
         local[...] = 0
+        xp = array_module(local)
         for index, arrays in kept.items():
             view = local[specs[index].offset : specs[index].stop]
-            for x, lowest in arrays:
-                encode_range(view, x.reshape(-1), chosen[index], lowest, highest, False)
+            for x, lowest in arrays:  # on a device, held in host memory (``GroupGradients._keep``): moved back
+                encode_range(view, xp.asarray(x).reshape(-1), chosen[index], lowest, highest, False)
 
     def rescale(self, reduced, segments, shifts) -> None:
         """Bring each owned segment of the streamed sum from its predicted scale to its chosen one."""
