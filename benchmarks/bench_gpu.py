@@ -13,6 +13,11 @@ NumPy-style transformer, at each of ``--ranks``). Step time: median after ``--wa
 rank. Peak memory: torch's peak allocation plus CuPy's pool, largest rank. Staged: bytes copied between
 device and host per step (``Traffic.staged``), and the rate they moved at while blocked in collectives,
 beside the pinned copy peak measured first.
+
+``--json FILE`` is rewritten (atomically) as each run ends, so a benchmark cut short keeps its rows.
+``--budget SECONDS`` bounds the whole benchmark from its start: a run starts only while the time left is at
+least 1.25 x the longest run so far (and at least 10 s), under ``--timeout`` cut to the time left; the others,
+and a run the budget cut, are rows that say ``skipped``. Exit status 1 if a run failed (each is named), else 0.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -28,6 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 RUNS = ["torch", "ddp", "fsdp2", "mpizero.torch-0", "mpizero.torch-1", "mpizero.torch-2", "mpizero.torch-3", "train"]
 NO_DEVICE = "bench_gpu: no CUDA device ({why}): nothing to measure"
+SHORTEST_RUN = 10.0  # seconds: no run of a fresh process that builds a model on the GPU takes less
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -42,7 +49,8 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=8, help="timed steps, after the warm-up")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=240, help="seconds per run")
-    parser.add_argument("--json", default=None, help="also write every row here")
+    parser.add_argument("--budget", type=float, default=None, help="seconds for all runs (default: no limit)")
+    parser.add_argument("--json", default=None, help="also write the rows here, after each run")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model", default="mlp", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -198,8 +206,9 @@ def pinned_peak() -> tuple[float, float]:
     return rates[0], rates[1]
 
 
-def run_one(args, run: str, model: str, ranks: int) -> dict:
-    """One run in its own process or mpiexec job; its row, or why it failed."""
+def run_one(args, run: str, model: str, ranks: int, timeout: float) -> dict:
+    """One run in its own process or mpiexec job, killed with all its ranks after ``timeout`` s; its row or why it
+    failed."""
     from mpizero.comm.launcher import python_under_mpiexec
 
     if run == "train":
@@ -222,28 +231,86 @@ def run_one(args, run: str, model: str, ranks: int) -> dict:
         worker += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
         command = python_under_mpiexec(ranks, *worker) if run.startswith("mpizero") else [sys.executable, *worker]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531", "MPIZERO_CUDA_AWARE": "0"}
+    # A session of its own: on a timeout every rank is killed, not only mpiexec (a rank left behind holds the GPU).
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, env=env)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"failed": f"timed out after {args.timeout:.0f} s"}
-    if done.returncode != 0:
-        return {"failed": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:160]}
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return {"failed": f"timed out after {timeout:.0f} s", "timed_out": True}
+    if proc.returncode != 0:
+        return {"failed": (stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:160]}
     if run == "train":
-        steps = [line for line in done.stdout.splitlines() if line.startswith("step")]
+        steps = [line for line in stdout.splitlines() if line.startswith("step")]
         ms = sorted(float(line.split(" ms")[0].split()[-1]) for line in steps[args.warmup :])
         return {"times": [m / 1e3 for m in ms], "peak": None, "staged": None, "staged_seconds": None}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def row_text(label: str, row: dict, plain: float | None) -> str:
-    if "failed" in row:
-        return f"{label:<26} failed: {row['failed']}"
+    for outcome in ("failed", "skipped"):
+        if outcome in row:
+            return f"{label:<26} {outcome}: {row[outcome]}"
     median = sorted(row["times"])[len(row["times"]) // 2]
     ratio = f"{median / plain:8.2f}" if plain else f"{'-':>8}"
     peak = f"{row['peak'] / 2**20:10.0f}" if row.get("peak") else f"{'-':>10}"
     staged = row.get("staged") or 0
     rate = f"{staged / row['staged_seconds'] / 1e9:8.1f}" if staged and row.get("staged_seconds") else f"{'-':>8}"
     return f"{label:<26} {median * 1e3:9.1f} {ratio} {peak} {staged / 2**20:11.1f} {rate}"
+
+
+def planned(args) -> list[tuple[str, str, int]]:
+    """(model, run, ranks) in the order they run: ``--runs`` order, each at ``--ranks``; ``train`` once."""
+    order = []
+    for model in args.models:
+        for run in args.runs:
+            if run == "train" and model != args.models[0]:
+                continue  # the CLI trains its own model: once is enough
+            for ranks in args.ranks if run.startswith("mpizero") or run == "train" else [1]:
+                order.append((model, run, ranks))
+    return order
+
+
+def measure(args, save, started: float) -> list[dict]:
+    """Run each planned run that fits in ``--budget`` from ``started``; print its row and ``save(rows, done)`` as each
+    ends."""
+    rows, plain, longest, model_shown = [], None, 0.0, None
+    save(rows, False)
+    for model, run, ranks in planned(args):
+        if model != model_shown:
+            print(f"\n{model}: step ms (median), x plain torch, peak device MiB, staged MiB/step, staged GB/s")
+            model_shown, plain = model, None
+        left = None if args.budget is None else args.budget - (time.monotonic() - started)
+        if left is not None and left < max(1.25 * longest, SHORTEST_RUN):
+            row = {
+                "skipped": f"out of time: {left:.0f} s of --budget {args.budget:.0f} left, longest run {longest:.0f} s"
+            }
+        else:
+            began, timeout = time.monotonic(), args.timeout if left is None else min(args.timeout, left)
+            row = run_one(args, run, model, ranks, timeout)
+            if row.pop("timed_out", False) and timeout < args.timeout:  # the budget ended it, not --timeout
+                row = {"skipped": f"out of time: cut at the end of --budget after {timeout:.0f} s"}
+            row["wall_s"] = round(time.monotonic() - began, 1)
+            longest = max(longest, row["wall_s"])
+        if run == "torch" and "times" in row:
+            plain = sorted(row["times"])[len(row["times"]) // 2]
+        print(row_text(f"{run} -n {ranks}", row, plain), flush=True)
+        rows.append({"model": model, "run": run, "ranks": ranks, **row})
+        save(rows, False)
+    save(rows, True)
+    return rows
+
+
+def write_json(path: str | None, document: dict) -> None:
+    """Replace ``path`` with ``document`` in one rename: a reader never sees half a file."""
+    if path is None:
+        return
+    partial = Path(f"{path}.partial")
+    partial.write_text(json.dumps(document, indent=1))
+    os.replace(partial, path)
 
 
 def main(argv=None) -> int:
@@ -255,28 +322,24 @@ def main(argv=None) -> int:
         if int(os.environ.get("PMI_RANK", "0")) == 0:
             print(json.dumps(result), flush=True)
         return 0
+    started = time.monotonic()  # --budget counts from here: the pinned copy and the imports are in it
     why = no_device_reason()
     if why is not None:
         print(NO_DEVICE.format(why=why), flush=True)
         return 0
     d2h, h2d = pinned_peak()
     print(f"pinned copy peak: device to host {d2h / 1e9:.1f} GB/s, host to device {h2d / 1e9:.1f} GB/s", flush=True)
-    rows = []
-    for model in args.models:
-        print(f"\n{model}: step ms (median), x plain torch, peak device MiB, staged MiB/step, staged GB/s")
-        plain = None
-        for run in args.runs:
-            for ranks in args.ranks if run.startswith("mpizero") or run == "train" else [1]:
-                if run == "train" and model != args.models[0]:
-                    continue  # the CLI trains its own model: once is enough
-                row = run_one(args, run, model, ranks)
-                if run == "torch" and "times" in row:
-                    plain = sorted(row["times"])[len(row["times"]) // 2]
-                print(row_text(f"{run} -n {ranks}", row, plain), flush=True)
-                rows.append({"model": model, "run": run, "ranks": ranks, **row})
-    if args.json:
-        Path(args.json).write_text(json.dumps({"pinned": [d2h, h2d], "rows": rows}, indent=1))
-    return 0
+
+    def save(rows: list[dict], done: bool) -> None:
+        write_json(args.json, {"pinned": [d2h, h2d], "rows": rows, "done": done})
+
+    rows = measure(args, save, started)
+    failed = [f"{r['run']} -n {r['ranks']} ({r['model']})" for r in rows if "failed" in r]
+    skipped = sum("skipped" in r for r in rows)
+    print(f"\nbench_gpu: {len(rows) - len(failed) - skipped} runs measured, {skipped} skipped for time", flush=True)
+    if failed:
+        print(f"bench_gpu: FAILED: {', '.join(failed)}", flush=True)
+    return 1 if failed else 0
 
 
 def tf32_off() -> None:
