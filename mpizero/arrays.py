@@ -43,6 +43,18 @@ def to_host(a) -> np.ndarray:
     return a.get() if is_device_array(a) else a
 
 
+def read_back(values) -> list:
+    """Device scalars and host numbers as Python numbers, the device ones copied to the host in one transfer
+    (CuPy stacks only device arrays)."""
+    on_device = [i for i, v in enumerate(values) if is_device_array(v)]
+    numbers = [v.item() if isinstance(v, np.generic) else v for v in values]
+    if on_device:
+        xp = array_module(values[on_device[0]])
+        for i, number in zip(on_device, to_host(xp.stack([values[i] for i in on_device])).tolist()):
+            numbers[i] = number
+    return numbers
+
+
 def bits(a) -> np.ndarray:
     """Return the raw bytes of a host or device array as a host uint8 array."""
     host = np.ascontiguousarray(to_host(a))

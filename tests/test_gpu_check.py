@@ -1,6 +1,5 @@
-"""launch/gpu_check.sh and benchmarks/bench_gpu.py's bookkeeping, on the CPU: what is named failed, skipped, compared.
-
-The GPU commands themselves are tests/test_gpu.py's; here the check runs as its rehearsal, GPU_CHECK_DEVICE=cpu.
+"""launch/gpu_check.sh and benchmarks/bench_gpu.py on the CPU: the device code paths through the whole check on the
+stand-in for CuPy (GPU_CHECK_DEVICE=standin), and the check's bookkeeping: what is named failed, skipped, compared.
 """
 
 import base64

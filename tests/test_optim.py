@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from mpizero import SGD, Adam, AdamW, Partition
-from mpizero.core.optim import BoundOptimizer, groups, oracle, rules
+from mpizero.core.optim import BoundOptimizer, fused, groups, oracle, rules
+from mpizero.core.optim.hyper import AdamHyper, SGDHyper
 from mpizero.core.optim.oracle import DocumentedOptimizer
 
 OPTIMIZERS = [
@@ -197,3 +198,57 @@ def test_hyper_parameters_given_as_numpy_or_torch_scalars_are_numbers():
     optimizer.param_groups[0].update(lr=np.float64(0.25), betas=(np.float32(0.5), 0.75))
     (hyper,) = BoundOptimizer(optimizer, ["w"]).snapshot()
     assert (hyper.lr, hyper.betas) == (0.25, (0.5, 0.75))
+
+
+HYPERS = [  # (rule, hyper, state names): every term the formulas can take
+    (rules.SGDRule, SGDHyper(lr=0.1), []),
+    (
+        rules.SGDRule,
+        SGDHyper(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01, maximize=True),
+        ["momentum_buffer"],
+    ),
+    (rules.SGDRule, SGDHyper(lr=0.1, momentum=0.9, nesterov=True), ["momentum_buffer"]),
+    (rules.AdamRule, AdamHyper(lr=1e-3, weight_decay=0.1), ["exp_avg", "exp_avg_sq"]),
+    (
+        rules.AdamRule,
+        AdamHyper(lr=1e-3, weight_decay=0.1, decoupled_weight_decay=True, amsgrad=True, maximize=True),
+        ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"],
+    ),
+]
+
+
+@pytest.mark.parametrize("rule, hyper, states", HYPERS)
+@pytest.mark.parametrize("step", [1, 2, 7])
+def test_the_fused_device_update_gives_the_host_updates_bytes_in_one_launch(rule, hyper, states, step):
+    """On the stand-in the device update is one launch of the formula as NumPy evaluates it (the CUDA kernel's
+    C spelling of the same formula is pinned below)."""
+    from mpizero import standin
+    from mpizero.standin import cuda
+
+    rng = np.random.default_rng(step)
+    host = {name: rng.standard_normal(1000).astype(np.float32) for name in ["param", "grad", *states]}
+    for name in states:
+        host[name] = np.abs(host[name]) if name != "momentum_buffer" else host[name]
+    device = {name: standin.asarray(a) for name, a in host.items()}
+    launches = sum(cuda.LAUNCHES.values())
+    rules.update(rule, hyper, step, device["param"], device["grad"], {n: device[n] for n in states})
+    assert sum(cuda.LAUNCHES.values()) == launches + 1
+    rules.update(rule, hyper, step, host["param"], host["grad"], {n: host[n] for n in states})
+    for name, a in host.items():
+        assert a.tobytes() == device[name].get().tobytes(), name
+
+
+def test_the_fused_update_kernels_c_spelling():
+    hyper = AdamHyper(lr=1e-3, weight_decay=0.1, decoupled_weight_decay=True)
+    constants = {k: v if isinstance(v, bool) else np.float32(v) for k, v in rules.AdamRule.constants(hyper, 3).items()}
+    inputs, outputs, body = fused.kernel_source(rules.AdamRule, hyper, constants, ["exp_avg", "exp_avg_sq"])
+    assert inputs.startswith("float32 grad, float32 c_beta1, float32 c_beta2,") and inputs.endswith("float32 c_eps")
+    assert outputs == "float32 param, float32 exp_avg, float32 exp_avg_sq"
+    m = "((exp_avg * c_beta1) + (grad * c_one_minus_beta1))"
+    v = "((exp_avg_sq * c_beta2) + ((grad * grad) * c_one_minus_beta2))"
+    update = f"((param * c_decay) - (({m} / ((sqrtf({v}) / c_bias_correction2_sqrt) + c_eps)) * c_step_size))"
+    assert body == (
+        f"float new_exp_avg = {m}; float new_exp_avg_sq = {v}; float new_param = {update}; "
+        "exp_avg = new_exp_avg; exp_avg_sq = new_exp_avg_sq; param = new_param;"
+    )
+    assert fused.OPTIONS == ("--fmad=false",)  # no multiply and add contracted: each rounds as NumPy's do

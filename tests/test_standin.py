@@ -22,7 +22,7 @@ def test_host_arrays_never_enter_implicitly():
         a[...] = np.ones(4, np.float32)  # CuPy's __setitem__ falls back to fill(), which refuses it
     with pytest.raises(TypeError, match="Unsupported type"):
         a + np.ones(4, np.float32)
-    with pytest.raises(TypeError, match="Unsupported type"):
+    with pytest.raises(TypeError, match="expected a sequence of cupy.ndarray"):
         standin.stack([a, np.ones(4, np.float32)])
     a[...] = 2.0  # a scalar is a fill, on the device
     a[1:3] = standin.ones(2, np.float32)  # a device array is a copy on the device
@@ -78,8 +78,8 @@ def test_the_first_steps_held_gradients_wait_in_host_memory(monkeypatch, stage):
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_copies_to_the_host_per_step_grow_only_by_one_per_group_and_backward_pass(monkeypatch, stage):
     """What a step copies back: per group and backward pass, its left-out counts (one copy); per group, its
-    maxima for the agreement; per step, the edit watch's two (its sums checked, then taken again) and, with
-    clipping, the norm's two."""
+    maxima for the agreement; per step, at stages 0-2, the edit watch's two (its fingerprints of the shown
+    parameters checked, then taken again) and, with clipping, the norm's two."""
     model, zero = standin_model(monkeypatch, stage)
     backward_passes(model, 2)
     zero.step()  # the first step holds its gradients (above)
@@ -91,4 +91,49 @@ def test_copies_to_the_host_per_step_grow_only_by_one_per_group_and_backward_pas
         copies[passes] = bus.COUNTS["d2h"]
     groups = len(zero.engine.groups)
     assert copies[4] - copies[2] == 2 * groups, copies
-    assert copies[2] == 2 * groups + groups + 2, copies
+    assert copies[2] == 2 * groups + groups + (0 if stage == 3 else 2), copies
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_the_engines_device_work_is_queued_on_torchs_current_stream(monkeypatch, tmp_path, stage):
+    """Every way from torch into the engine (set-up, hooks, step, clipping, gathered, state dicts, save and load)
+    queues its device work on torch's current stream (``mpizero.torch.streams``), none on CuPy's null stream."""
+    import torch
+
+    from mpizero.standin import cuda
+    from mpizero.torch.streams import STANDIN_TORCH_STREAM
+
+    cuda.LAUNCHES.clear()
+    model, zero = standin_model(monkeypatch, stage)
+    for _ in range(2):
+        backward_passes(model, 2)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        zero.step()
+    with zero.gathered(writeback=True), torch.no_grad():
+        model[0].weight.mul_(0.5)
+    full = model.state_dict()
+    zero.save(str(tmp_path / "checkpoints"))
+    zero.load_state_dict(full)
+    zero.load(str(tmp_path / "checkpoints"))
+    assert cuda.LAUNCHES[STANDIN_TORCH_STREAM] > 100 and cuda.LAUNCHES[0] == 0, dict(cuda.LAUNCHES)
+
+
+def test_a_meta_device_model_on_the_standin_trains_to_the_hosts_bytes(monkeypatch):
+    """Built on the meta device, materialized piece by piece into the stand-in's arrays, as onto a GPU."""
+    import torch
+
+    import mpizero
+    from mpizero.torch import shard, tensors
+
+    masters = {}
+    for on_standin in (False, True):
+        monkeypatch.setattr(tensors, "STANDIN", on_standin)
+        torch.manual_seed(0)
+        with torch.device("meta"):
+            model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+        zero = shard(model, mpizero.AdamW(lr=1e-3), stage=3)
+        backward_passes(model, 2)
+        zero.step()
+        assert array_module(zero.engine.groups[0].grad_shard) is (standin if on_standin else np)
+        masters[on_standin] = {name: a.tobytes() for name, a in zero.master_params().items()}
+    assert masters[True] == masters[False]

@@ -8,7 +8,10 @@ from collections import Counter
 import pytest
 from mpirun import run_mpi, run_mpi_ok
 
-pytest.importorskip("torch", reason="mpizero.torch needs torch: add its CPU build (docs/getting-started.md)")
+torch = pytest.importorskip("torch", reason="mpizero.torch needs torch: add its CPU build (docs/getting-started.md)")
+
+import mpizero  # noqa: E402
+from mpizero.torch import shard  # noqa: E402
 
 EDITED = "changed in place since the last step"
 FLIPPED = "changed after shard(): set requires_grad before shard()"
@@ -43,9 +46,22 @@ def test_edits_are_refused_or_dropped_alike_at_every_stage_and_rank(n):
             said = outcome[stage, "refused writeback"]
             assert said.startswith("refused: ") and said.endswith("then as without the edit: True"), said
             assert "the parameters after gathered(writeback=True)" in said, said
-    for stage in range(4):  # a write through .data changes what the module shows (at stage 3: a placeholder)
+    for stage in range(3):  # the module shows full parameters between steps: a write through .data is seen
         assert f"one or more of the parameters '2.weight', '2.bias' {EDITED}" in outcome[stage, ".data edit"]
         assert "; again: refused; then" in outcome[stage, ".data edit"]
+    # at stage 3 a parameter between steps is an empty placeholder: a write through .data acts on no element
+    assert outcome[3, ".data edit"] == "done; then as without the edit: True"
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_a_write_through_data_that_only_moves_values_is_refused(stage):
+    """The fingerprint weighs each word by its place: rows permuted in place change it, though not the sum."""
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.GELU(), torch.nn.Linear(4, 3))  # rows: 2 words
+    zero = shard(model, mpizero.SGD(lr=0.1), stage=stage)
+    model[2].weight.data.copy_(model[2].weight.data.flip(0))
+    with pytest.raises(mpizero.ZeroError, match=f"one or more of the parameters '2.weight', '2.bias' {EDITED}"):
+        model(torch.ones(2, 6)).sum().backward()
+        zero.step()
 
 
 @pytest.mark.parametrize("stage", [1, 3])

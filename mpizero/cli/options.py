@@ -14,7 +14,7 @@ import math
 from mpizero.arrays import DEVICES
 from mpizero.core.config import MAX_HEADROOM
 from mpizero.core.optim import OPTIMIZERS
-from mpizero.core.precision import PRECISIONS
+from mpizero.core.precision import PRECISIONS, device_problem
 from mpizero.core.reduce.reduction import REDUCTIONS
 from mpizero.core.reduce.scales import HEADROOM
 from mpizero.core.stages import STAGES
@@ -164,6 +164,5 @@ def model_problems(args) -> list[str]:
 
 def device_problems(args) -> list[str]:
     """What the chosen device cannot do with the chosen precision."""
-    if args.device != "cpu" and not PRECISIONS[args.precision].on_gpu:  # the stand-in refuses what CuPy lacks
-        return [f"--precision {args.precision} is not available with --device {args.device} (CuPy has no bfloat16)"]
-    return []
+    problem = device_problem(args.device, PRECISIONS[args.precision].param_dtype)
+    return [f"--precision {args.precision}: {problem}"] if problem else []

@@ -21,7 +21,7 @@ from mpi4py import MPI
 from mpizero.arrays import array_module
 from mpizero.comm import agree, launch
 from mpizero.comm.collectives import Collectives
-from mpizero.core import setup
+from mpizero.core import precision, setup
 from mpizero.core.config import ZeroConfig
 from mpizero.core.gradients import Keep
 from mpizero.core.group import FlatGroup, ParamState, StatePiece
@@ -81,6 +81,7 @@ class ZeroEngine:
         self.bound, bind_problem = _bind(optimizer, self.names) if problem is None else (None, None)
         problem = problem or bind_problem
         source = params if sharded or problem is not None else from_arrays(params)  # what fill makes values from
+        problem = problem or precision.device_problem(source.device, self.config.param_dtype)
         on_device = problem is None and source.device != "cpu"
         self.collectives = Collectives(self.comm, self.config.watchdog, on_device)
         self.step_count = self.skipped_steps = 0

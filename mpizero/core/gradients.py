@@ -25,7 +25,7 @@ import enum
 
 import numpy as np
 
-from mpizero.arrays import to_host
+from mpizero.arrays import read_back, to_host
 from mpizero.core.reduce import exact
 from mpizero.core.stages import GradientCollective
 
@@ -137,8 +137,7 @@ class GroupGradients:
         counts come back in one copy, and what is held is held in host memory: the run's first step holds every
         contribution, which the device's memory is not sized for."""
         on_device = self.xp is not np
-        if on_device and outside:
-            outside = to_host(self.xp.stack(outside)).tolist()
+        outside = read_back(outside) if on_device else outside
         for index, (spec, prediction, left_out) in enumerate(zip(self.layout.specs, predictions, outside)):
             if int(left_out) and not (measure and prediction is None):
                 x = grads[spec.name].reshape(-1)

@@ -22,7 +22,6 @@ class Precision:
     param_dtype: np.dtype
     grad_dtype: np.dtype
     loss_scaling: bool
-    on_gpu: bool  # CuPy has no bfloat16
 
     def engine_settings(self) -> dict:
         """The ``ZeroEngine`` settings this precision needs: the param dtype, and skipping overflowed steps."""
@@ -30,10 +29,18 @@ class Precision:
 
 
 PRECISIONS = {
-    "fp32": Precision("fp32", np.dtype(np.float32), np.dtype(np.float32), False, True),
-    "bf16": Precision("bf16", np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32), False, False),
-    "fp16": Precision("fp16", np.dtype(np.float16), np.dtype(np.float16), True, True),
+    "fp32": Precision("fp32", np.dtype(np.float32), np.dtype(np.float32), False),
+    "bf16": Precision("bf16", np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32), False),
+    "fp16": Precision("fp16", np.dtype(np.float16), np.dtype(np.float16), True),
 }
+
+
+def device_problem(device: str, param_dtype) -> str | None:
+    """What a device cannot hold (None when nothing): parameters in bfloat16 anywhere but the host, since CuPy's
+    bfloat16 covers too little of what the engine does (the stand-in, as strict, refuses it too)."""
+    if device != "cpu" and np.dtype(param_dtype) == PRECISIONS["bf16"].param_dtype:
+        return f"bfloat16 parameters are not available on the {device} device (CuPy's bfloat16 is partial); use float16"
+    return None
 
 
 @dataclass

@@ -15,9 +15,21 @@ import types
 import numpy as np
 
 from mpizero.standin import bus, cuda
-from mpizero.standin.device import compute, ndarray, on_device
+from mpizero.standin.device import compute, device_arrays, ndarray, on_device
 
-__all__ = ["array", "asarray", "asnumpy", "bus", "cuda", "empty_pinned", "from_dlpack", "kernel", "ndarray"]
+__all__ = [
+    "array",
+    "asarray",
+    "asnumpy",
+    "bus",
+    "concatenate",
+    "cuda",
+    "empty_pinned",
+    "from_dlpack",
+    "kernel",
+    "ndarray",
+    "stack",
+]
 
 
 def asarray(a, dtype=None, order=None) -> ndarray:
@@ -53,6 +65,16 @@ def from_dlpack(tensor) -> ndarray:
 def empty_pinned(shape, dtype=np.float64) -> np.ndarray:
     """``cupyx.empty_pinned``: a host array the device copies to and from asynchronously."""
     return np.empty(shape, dtype)
+
+
+def stack(arrays, axis=0, out=None) -> ndarray:
+    """``cupy.stack``: device arrays only (CuPy's ``expand_dims`` takes no Python number)."""
+    return compute(np.stack, (device_arrays(arrays, "stack"),), {"axis": axis, "out": out})
+
+
+def concatenate(arrays, axis=0, out=None, **kwargs) -> ndarray:
+    """``cupy.concatenate``: device arrays only."""
+    return compute(np.concatenate, (device_arrays(arrays, "concatenate"),), {"axis": axis, "out": out, **kwargs})
 
 
 def kernel(body):

@@ -1,19 +1,22 @@
 """The stand-in's ``cupy.cuda``: streams, events and the device, keeping the order CuPy's would.
 
 Work on the stand-in runs at once, so order cannot go wrong here; what can go wrong is the stream it is queued on.
-Every kernel launch and copy is counted on the stream current when it was issued (``Stream.launches``), so a test
-can check that the engine queues its work where the caller's framework queues its own (an external stream, as
-torch's current stream is to CuPy), and waits (``synchronize``) are counted on the bus (``bus``).
+Every kernel launch and copy is counted on the stream current when it was issued, by stream pointer
+(``LAUNCHES``), so a test can check that the engine queues its work where the caller's framework
+queues its own (an external stream, as torch's current stream is to CuPy), and waits (``synchronize``) are
+counted on the bus (``bus``).
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+from collections import Counter
 
 from mpizero.standin import bus
 
 _pointers = itertools.count(0x1000)
+LAUNCHES: Counter = Counter()  # stream pointer (0: the null stream) -> kernels and copies queued on it
 _current = threading.local()
 
 
@@ -23,8 +26,6 @@ class Stream:
     def __init__(self, null: bool = False, non_blocking: bool = False, ptr: int | None = None) -> None:
         self.ptr = 0 if null else next(_pointers) if ptr is None else ptr
         self.non_blocking = non_blocking
-        self.launches = 0  # kernels and copies queued on this stream
-        self.waited_for: list[Event] = []  # events this stream was told to wait for (``wait_event``)
         self._outer: list[Stream] = []
 
     def __enter__(self) -> Stream:
@@ -46,8 +47,7 @@ class Stream:
         return event
 
     def wait_event(self, event: Event) -> None:
-        """Order this stream's later work after ``event`` (no host wait)."""
-        self.waited_for.append(event)
+        """Order this stream's later work after ``event`` (no host wait; work on the stand-in is done at once)."""
 
     def synchronize(self) -> None:
         """The host waits until this stream's queue is done."""
@@ -72,19 +72,13 @@ class Event:
 
     def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False) -> None:
         self.stream: Stream | None = None
-        self.position = 0
 
     def record(self, stream: Stream | None = None) -> None:
         self.stream = get_current_stream() if stream is None else stream
-        self.position = self.stream.launches
 
     def synchronize(self) -> None:
         """The host waits until the stream has reached this event."""
         bus.waited()
-
-    @property
-    def done(self) -> bool:
-        return True
 
 
 NULL = Stream(null=True)
@@ -95,23 +89,6 @@ def get_current_stream(device_id: int = -1) -> Stream:
     return getattr(_current, "stream", NULL)
 
 
-def launched() -> None:
-    """Count one kernel or copy on the current stream."""
-    get_current_stream().launches += 1
-
-
-class Device:
-    """The one stand-in device."""
-
-    id = 0
-
-    def __init__(self, device: int = 0) -> None:
-        self.id = device
-
-    def synchronize(self) -> None:
-        bus.waited()
-
-    @property
-    def mem_info(self) -> tuple[int, int]:
-        """(free, total) bytes: the stand-in reports no limit of its own (the host's memory is the limit)."""
-        return 1 << 50, 1 << 50
+def launched(stream: Stream | None = None) -> None:
+    """Count one kernel or copy on ``stream`` (default: the current one)."""
+    LAUNCHES[(get_current_stream() if stream is None else stream).ptr] += 1

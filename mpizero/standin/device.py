@@ -18,10 +18,11 @@ from mpizero.standin import bus, cuda
 IMPLICIT = (
     "Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a NumPy array explicitly."
 )
-METHODS = (  # cupy.ndarray's methods that compute on the device (see ``_forward``)
-    "all any argmax argmin argsort clip copy cumsum dot flatten max mean min nonzero prod ravel repeat reshape "
-    "round sort squeeze std sum swapaxes take transpose var view"
+METHODS = (  # cupy.ndarray's methods that compute on the device: one launch each (see ``_forward``)
+    "all any argmax argmin argsort clip copy cumsum dot flatten max mean min nonzero prod ravel repeat round sort "
+    "std sum take var"
 ).split()
+VIEWS = "reshape squeeze swapaxes transpose view".split()  # new views of the same memory: no launch
 
 
 class ndarray(numpy.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's name, as errors show it
@@ -79,6 +80,9 @@ class ndarray(numpy.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's na
     # Device computation --------------------------------------------------------
 
     def __array_ufunc__(self, ufunc, method: str, *inputs, **kwargs):
+        for operand in inputs:  # CuPy takes device arrays and scalars as operands, not sequences
+            if isinstance(operand, (list, tuple)):
+                raise TypeError(f"Unsupported type {type(operand)}")
         out = kwargs.get("out")
         result = getattr(ufunc, method)(*on_device(inputs), **on_device(kwargs))
         cuda.launched()
@@ -112,7 +116,7 @@ class ndarray(numpy.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's na
         if out is not None:
             self._check_host(out, "obtained from")
         bus.copied("d2h", self.nbytes, blocking)
-        (cuda.get_current_stream() if stream is None else stream).launches += 1
+        cuda.launched(stream)
         if out is None:
             return np.array(self._host, order=order)
         out[...] = self._host
@@ -124,7 +128,7 @@ class ndarray(numpy.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's na
         if not self._host.flags.c_contiguous:
             raise RuntimeError("Cannot set to non-contiguous array")
         bus.copied("h2d", arr.nbytes, False)
-        (cuda.get_current_stream() if stream is None else stream).launches += 1
+        cuda.launched(stream)
         self._host[...] = arr
 
     def _check_host(self, host, verb: str) -> None:
@@ -184,17 +188,18 @@ class ndarray(numpy.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's na
         return self._host.__dlpack_device__()
 
 
-def _forward(name: str):
+def _forward(name: str, launches: bool):
     def method(self, *args, **kwargs):
-        cuda.launched()
+        if launches:
+            cuda.launched()
         return wrap(getattr(self._host, name)(*on_device(args), **on_device(kwargs)))
 
     method.__name__ = name
     return method
 
 
-for _name in METHODS:
-    setattr(ndarray, _name, _forward(_name))
+for _name in METHODS + VIEWS:
+    setattr(ndarray, _name, _forward(_name, _name in METHODS))
 
 
 def compute(func, args, kwargs):
@@ -216,6 +221,14 @@ def on_device(value):
     if isinstance(value, dict):
         return {k: on_device(v) for k, v in value.items()}
     return value
+
+
+def device_arrays(arrays, function: str) -> list:
+    """The arrays ``stack`` or ``concatenate`` joins, which CuPy takes only as device arrays (not numbers)."""
+    for a in arrays:
+        if not isinstance(a, ndarray):
+            raise TypeError(f"{function}: expected a sequence of cupy.ndarray, got an element of {type(a)}")
+    return list(arrays)
 
 
 def device_index(index):

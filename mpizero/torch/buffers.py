@@ -34,7 +34,8 @@ from mpizero.torch.hooks import outside_graphs
 class BufferSync:
     """Records BatchNorm's batch statistics during a step and replays them at the step; equalizes other buffers."""
 
-    def __init__(self, model: torch.nn.Module, collectives) -> None:
+    def __init__(self, model: torch.nn.Module, collectives, around) -> None:
+        """``around(hook)``: the hook as torch must call it (on its current stream: ``streams.TorchStream``)."""
         self.collectives, self.rank = collectives, collectives.comm.Get_rank()
         self.norms = [
             m
@@ -48,8 +49,8 @@ class BufferSync:
         self.counted = True
         self.forget()
         for position, module in enumerate(self.norms):
-            module.register_forward_pre_hook(outside_graphs(partial(self._before, position)))
-            module.register_forward_hook(outside_graphs(partial(self._after, position)))
+            module.register_forward_pre_hook(outside_graphs(around(partial(self._before, position))))
+            module.register_forward_hook(outside_graphs(around(partial(self._after, position))))
 
     def forget(self) -> None:
         """Drop this step's records (after a step, or before a pass that runs again)."""

@@ -127,7 +127,7 @@ class PlainReference:
         canonical = {id(p): name for name, p in self.params.items()}
         initial = {name: p.detach().cpu().numpy().astype(np.float32) for name, p in self.params.items()}
         self.core = Reference(initial, TorchOptimizer(recipe.optimizer, canonical), clip_norm=recipe.clip_norm)
-        self.buffers = BufferSync(recipe.model, _Alone())
+        self.buffers = BufferSync(recipe.model, _Alone(), lambda hook: hook)  # on the host: no stream to order
 
     def step(self, step: int) -> None:
         recipe, contributions = self.recipe, []

@@ -5,7 +5,7 @@ Between steps a sharded model's parameters change only through ``step()``,
 other edit (an in-place op under ``no_grad``, ``nn.init``, a write through
 ``.data`` or ``.detach()``, a new ``.data``) would be computed with at stages
 0-2 and reach only the piece of the masters each rank owns at stages 1-2
-(none at stage 0), and at stage 3 act on a placeholder only; a
+(none at stage 0), and at stage 3 act on an empty placeholder; a
 ``requires_grad`` turned on or off would leave a parameter untrained, or
 updated without the gradients it no longer gets. So the next ``step()`` refuses every
 such edit with the same error on every rank, naming the parameters, and so
@@ -16,9 +16,11 @@ so it drops or keeps nothing until the masters are shown again.
 
 What gives an edit away: the parameter's version counter (torch counts every
 in-place op on it and on its detached aliases), the tensor its ``.data`` is,
-its ``requires_grad``, and a sum of the bytes the module shows between steps
-(the full parameters at stages 0-2, the placeholders at stage 3, ``params``),
-which a write through ``.data`` changes without counting.
+its ``requires_grad``, and, where the module shows full parameters between steps
+(stages 0-2), a fingerprint of their bytes, which a write through ``.data``
+changes without counting, even one that only moves values. At stage 3 a
+parameter between steps is an empty placeholder (``params``), so a write through
+``.data`` there acts on no element: it is dropped, as nothing can see it.
 """
 
 from __future__ import annotations
@@ -38,14 +40,13 @@ class EditWatch:
         self.model, self.params, self.binder = model, binder.params, binder
         self.trainable = {name for name, p in model.named_parameters() if p.requires_grad}
         self.seen: dict[str, tuple] = {}
-        self.sums: list[int] = []
+        self.sums: list[tuple[int, int]] = []
         self.refusal: str | None = None  # what the next steps refuse, until the masters are shown again
 
     def record(self) -> None:
         """Take what the parameters look like now (the masters, just shown) as what they should look like until
         the bridge sets them again; nothing is refused any more."""
         self.refusal = None
-        self.binder.reset_placeholders()
         self.seen = {name: _looks(p) for name, p in self.params.items()}
         self.sums = content_sums(self.binder.shown_buffers())
 
@@ -109,15 +110,26 @@ def _names(names: list[str]) -> str:
     return shown + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
 
 
-def content_sums(buffers: list) -> list[int]:
-    """Each flat float32 buffer's 4-byte words summed modulo 2**64 (on the buffer's device; one transfer back)."""
+COLUMNS = 4093  # words per row of a fingerprint: a prime, so that no tensor's rows line up with its rows
+
+
+def content_sums(buffers: list) -> list[tuple[int, int]]:
+    """Each flat float32 buffer's fingerprint: its 8-byte words summed, and summed weighted by their column in
+    rows of ``COLUMNS`` (modulo 2**64), so that a write that only moves values (a weight transposed or its rows
+    permuted through ``.data``) changes it as a write of other values does. One read of each buffer, on its
+    device; one transfer back."""
     if not buffers:
         return []
     xp = array_module(buffers[0])
+    weights = xp.arange(1, COLUMNS + 1, dtype=xp.uint64)
     sums = []
     for buffer in buffers:
         words = buffer.reshape(-1).view(xp.uint32)
-        pairs = words.size & ~1
-        total = words[:pairs].view(xp.uint64).sum(dtype=xp.uint64)
-        sums.append(total + words[pairs:].sum(dtype=xp.uint64))
-    return [int(v) for v in to_host(xp.stack(sums))]
+        pairs = words[: words.size & ~1].view(xp.uint64)
+        rows = pairs.size - pairs.size % COLUMNS
+        columns = pairs[:rows].reshape(-1, COLUMNS).sum(axis=0, dtype=xp.uint64) if rows else xp.zeros_like(weights)
+        columns[: pairs.size - rows] += pairs[rows:]
+        odd = words[pairs.size * 2 :].astype(xp.uint64)  # the last float32 of an odd count, alone
+        sums += [columns.sum(dtype=xp.uint64) + odd.sum(dtype=xp.uint64), (columns * weights).sum(dtype=xp.uint64)]
+    flat = to_host(xp.stack(sums)).tolist()
+    return list(zip(flat[::2], flat[1::2]))

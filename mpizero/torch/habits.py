@@ -94,7 +94,7 @@ class FullStateDicts:
         self.calls: list[bool] = []  # keep_vars of each state_dict() call in progress, outermost first
         for module in zero.model.modules():  # plain functions: torch marks the hooks it is given
             module.register_state_dict_pre_hook(lambda *args: self._before(*args))
-            module.register_state_dict_post_hook(lambda *args: self._after(*args))
+            module.register_state_dict_post_hook(zero.torch_stream.around(lambda *args: self._after(*args)))
 
     def _before(self, module, prefix: str, keep_vars: bool) -> None:
         self.calls.append(keep_vars)

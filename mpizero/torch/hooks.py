@@ -26,8 +26,11 @@ from mpizero.torch.units import Unit
 class UnitHooks:
     """Acquire and release units' groups through a ``Binder`` around forward and backward."""
 
-    def __init__(self, model: torch.nn.Module, units: list[Unit], group_of: dict[str, int], binder, on_backward):
-        self.binder, self.on_backward = binder, on_backward
+    def __init__(
+        self, model: torch.nn.Module, units: list[Unit], group_of: dict[str, int], binder, on_backward, around
+    ):
+        """``around(hook)``: the hook as torch must call it (on its current stream: ``streams.TorchStream``)."""
+        self.binder, self.on_backward, self.around = binder, on_backward, around
         lazy = _lazy_units(model, units, group_of)
         self.needs = [sorted({group_of[n] for n in u.needed}) for u in units] + [needs for _, needs in lazy]
         self.lazy = [False] * len(units) + [True] * len(lazy)
@@ -39,11 +42,11 @@ class UnitHooks:
         self.backward_holds = [0] * len(self.needs)
         self.acquired: list[bool] = []  # for each lazy unit's forward in progress: whether it gathered
         model.register_forward_pre_hook(outside_graphs(self._model_starts))
-        model.register_forward_hook(outside_graphs(self._model_ends))
+        model.register_forward_hook(outside_graphs(self._model_ends))  # neither reaches the engine
         modules = [unit.module for unit in units] + [module for module, _ in lazy]
         for u, module in enumerate(modules):
-            module.register_forward_pre_hook(outside_graphs(partial(self._before_forward, u)))
-            module.register_forward_hook(outside_graphs(partial(self._after_forward, u)))
+            module.register_forward_pre_hook(outside_graphs(around(partial(self._before_forward, u))))
+            module.register_forward_hook(outside_graphs(around(partial(self._after_forward, u))))
 
     def _model_starts(self, module, args) -> None:
         self.seen = []
@@ -88,7 +91,7 @@ class UnitHooks:
             call = {"started": False}
             for tensor in _tensors(output):
                 if tensor.requires_grad:
-                    tensor.register_hook(partial(self._before_backward, u, call))
+                    tensor.register_hook(self.around(partial(self._before_backward, u, call)))
 
     def _before_backward(self, u: int, call: dict, grad) -> None:
         if call["started"]:

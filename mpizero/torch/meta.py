@@ -20,7 +20,9 @@ from collections.abc import Callable
 
 import torch
 
+from mpizero.arrays import device_of
 from mpizero.core.init import ShardedInit
+from mpizero.torch.tensors import as_array
 from mpizero.torch.units import trainable
 
 Initializer = Callable[[torch.nn.Module], None]
@@ -81,7 +83,8 @@ class MetaInit:
         state = hashlib.blake2b(torch.get_rng_state().numpy().tobytes(), digest_size=8).hexdigest()
         how = getattr(self.init, "__qualname__", repr(self.init))
         shapes = {name: tuple(self.full_shape[id(p)][0]) for name, p in self.params.items()}
-        return ShardedInit(shapes, self.fill, f"meta-device torch model, {how}, torch random state {state}")
+        described = f"meta-device torch model, {how}, torch random state {state}"
+        return ShardedInit(shapes, self.fill, described, device_of(as_array(torch.empty(0))))  # where CPU tensors go
 
     def fill(self, name: str, start: int, stop: int):
         """Elements ``[start, stop)`` of ``name``; drop the values of groups the engine has moved past."""
@@ -90,7 +93,7 @@ class MetaInit:
             del self.values[done]
         while name not in self.values:
             self._initialize_next()
-        return self.values[name].reshape(-1)[start:stop].numpy()
+        return as_array(self.values[name].reshape(-1)[start:stop])
 
     def finish(self) -> None:
         """Run the initializations left (every rank ends with the same random state); drop every value."""

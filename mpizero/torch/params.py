@@ -7,9 +7,9 @@ Glossary:
   or float16: a float32 copy, since the model computes in float32 on the
   rounded values, as the engine's precision policies say).
 - placeholder: a parameter's ``.data`` while its group is sharded (stage 3,
-  outside forward and backward): one element of its own, holding ``MARK``
-  (``-2**-100``: about zero to read, and changed by any write, so a write
-  through ``.data`` between steps is seen and refused, ``edits``); the values
+  outside forward and backward): an empty tensor, as FSDP1 showed. Reading it
+  is safe (``p.sum()`` is 0, ``print(p)`` shows ``tensor([])``), and using it
+  in a computation with the parameter's real shape fails loudly; the values
   are read with ``gathered()`` or ``state_dict()``.
 
 At stages 0-2 the full params live between steps and every parameter always
@@ -26,8 +26,6 @@ import torch
 from mpizero.torch.sync import Operation
 from mpizero.torch.tensors import FullParams, as_array, as_tensor
 
-MARK = -(2.0**-100)  # a placeholder's value: adds, multiplies, fills, inits, abs_ and relu_ all change it
-
 
 class Binder:
     """Point each torch parameter at the engine's full params or a placeholder; at stage 3 gather them by group."""
@@ -39,12 +37,10 @@ class Binder:
         self.holders = [0] * len(engine.groups)  # acquisitions not yet released, per group
         self.in_flight: set[int] = set()  # prefetched groups nobody has acquired yet
         self.buffers: list[FullParams] = []
-        self.placeholders = [
-            torch.full((len(g.layout.specs),), MARK, device=device) for g in engine.groups if self.sharded
-        ]
+        self.placeholder = torch.empty(0, dtype=torch.float32, device=device)
         if self.sharded or not self.zero_copy:
             for index, group in enumerate(engine.groups):
-                self.buffers.append(FullParams(group.partition.padded_numel, group.xp))
+                self.buffers.append(FullParams(group.partition.padded_numel, group.xp, device))
                 if self.sharded:
                     self._hide(index)
                 else:
@@ -59,16 +55,10 @@ class Binder:
             self.params[spec.name].data = flat[spec.offset : spec.stop].view(spec.shape)
 
     def _hide(self, index: int) -> None:
-        """Make group ``index``'s parameters its placeholders and free its full params."""
-        marks = self.placeholders[index]
-        for position, name in enumerate(self.engine.groups[index].layout.names):
-            self.params[name].data = marks[position : position + 1]
+        """Make group ``index``'s parameters the placeholder and free its full params."""
+        for name in self.engine.groups[index].layout.names:
+            self.params[name].data = self.placeholder
         self.buffers[index].free()
-
-    def reset_placeholders(self) -> None:
-        """Set every placeholder to ``MARK`` again (a write through ``.data`` stays until the edit is dropped)."""
-        for marks in self.placeholders:
-            marks.fill_(MARK)
 
     def refresh(self) -> None:
         """Make the torch parameters show the engine's current parameters (stages 0-2; stage 3 gathers on use)."""
@@ -131,9 +121,9 @@ class Binder:
         self._hide(index)
 
     def shown_buffers(self) -> list:
-        """Per group, the flat float32 array its parameters are views of between steps (at stage 3: placeholders)."""
+        """Per group, the flat float32 array its parameters are views of between steps (stages 0-2; none at 3)."""
         if self.sharded:
-            return [as_array(marks) for marks in self.placeholders]
+            return []
         if self.zero_copy:
             return [self.engine.full_params(index) for index in range(len(self.engine.groups))]
         return [as_array(buffer.tensor) for buffer in self.buffers]

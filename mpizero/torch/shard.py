@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from mpizero.arrays import array_module
 from mpizero.comm import agree
 from mpizero.core import heap
 from mpizero.core.engine import StepResult, ZeroEngine
@@ -34,6 +35,7 @@ from mpizero.torch.hooks import UnitHooks
 from mpizero.torch.meta import MetaInit, is_meta_model
 from mpizero.torch.optimizer import TorchOptimizer, attach, is_torch_optimizer
 from mpizero.torch.params import Binder
+from mpizero.torch.streams import TorchStream, on_torch_stream
 from mpizero.torch.sync import Announcer, Operation
 from mpizero.torch.tensors import as_array
 from mpizero.torch.units import default_units, plan_units, trainable
@@ -87,44 +89,48 @@ class ShardedModel:
         meta = MetaInit(model, group_of, init) if on_meta else None  # first: it swaps the model's parameters
         self.params = trainable(model)
         source = meta.sharded_init() if meta else {name: as_array(p) for name, p in self.params.items()}
-        self.optimizer = optimizer
-        held_state = None
-        if is_torch_optimizer(optimizer):
-            held_state = torch.optim.Optimizer.state_dict(optimizer) if optimizer.state else None
-            optimizer = TorchOptimizer(optimizer, {id(p): name for name, p in self.params.items()})
-        self.engine = ZeroEngine(source, optimizer, comm=comm, groups=groups, stage=stage, **settings)
-        if meta:
-            meta.finish()
-        self.run = checkpoints.run_identity(self.engine)
-        agree.raise_unless_equal(self.engine.collectives, {"the seed micro_batch() keys randomness to": seed})
-        self.announcer = Announcer(self.engine.collectives)
-        self.buffers = BufferSync(model, self.engine.collectives)
-        self.device = device = torch.device("cpu") if on_meta else next(iter(self.params.values())).device
-        self.binder = Binder(self.engine, self.params, device, self.announcer)
-        self.hooks = None
-        if self.binder.sharded:
-            self.hooks = UnitHooks(model, self.units, group_of, self.binder, self._backward_started)
-        for name, p in self.params.items():
-            p.register_post_accumulate_grad_hook(partial(self._grad_ready, name))
-        self.grads = GradientIntake(self.engine, group_of, self.announcer.announce)
-        self._in_backward = self._joining = False
-        self._reduced = False  # this step's gradients were reduced before step() (clip_grad_norm_, gathered)
-        self._grad_norm: float | None = None  # ... and clip_grad_norm_() clipped them to this norm
-        self._ended: StepResult | None = None  # ... or the step ended there (skipped)
-        habits.install(self)
-        if is_torch_optimizer(self.optimizer):
-            attach(self.optimizer, self)
-            if held_state is not None:  # built from a plain torch checkpoint: it stays this run's state
-                self.load_optimizer_state_dict(held_state)
-        self.edits = EditWatch(model, self.binder)
-        self.edits.record()
+        self.device = torch.device("cpu") if on_meta else next(iter(self.params.values())).device
+        self.torch_stream = TorchStream(array_module(as_array(torch.empty(0, device=self.device))), self.device)
+        with self.torch_stream():  # the set-up's device work, as every later entry's (``streams``)
+            self.optimizer = optimizer
+            held_state = None
+            if is_torch_optimizer(optimizer):
+                held_state = torch.optim.Optimizer.state_dict(optimizer) if optimizer.state else None
+                optimizer = TorchOptimizer(optimizer, {id(p): name for name, p in self.params.items()})
+            self.engine = ZeroEngine(source, optimizer, comm=comm, groups=groups, stage=stage, **settings)
+            if meta:
+                meta.finish()
+            self.run = checkpoints.run_identity(self.engine)
+            agree.raise_unless_equal(self.engine.collectives, {"the seed micro_batch() keys randomness to": seed})
+            self.announcer = Announcer(self.engine.collectives)
+            self.buffers = BufferSync(model, self.engine.collectives, self.torch_stream.around)
+            self.binder = Binder(self.engine, self.params, self.device, self.announcer)
+            self.hooks = None
+            if self.binder.sharded:
+                self.hooks = UnitHooks(
+                    model, self.units, group_of, self.binder, self._backward_started, self.torch_stream.around
+                )
+            for name, p in self.params.items():
+                p.register_post_accumulate_grad_hook(self.torch_stream.around(partial(self._grad_ready, name)))
+            self.grads = GradientIntake(self.engine, group_of, self.announcer.announce)
+            self._in_backward = self._joining = False
+            self._reduced = False  # this step's gradients were reduced before step() (clip_grad_norm_, gathered)
+            self._grad_norm: float | None = None  # ... and clip_grad_norm_() clipped them to this norm
+            self._ended: StepResult | None = None  # ... or the step ended there (skipped)
+            habits.install(self)
+            if is_torch_optimizer(self.optimizer):
+                attach(self.optimizer, self)
+                if held_state is not None:  # built from a plain torch checkpoint: it stays this run's state
+                    self.load_optimizer_state_dict(held_state)
+            self.edits = EditWatch(model, self.binder)
+            self.edits.record()
 
     # Backward -------------------------------------------------------------
 
     def _backward_started(self) -> None:
         if not self._in_backward:
             self._in_backward = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+            torch.autograd.Variable._execution_engine.queue_callback(self.torch_stream.around(self._backward_done))
 
     def _grad_ready(self, name: str, param: torch.nn.Parameter) -> None:
         self._backward_started()
@@ -195,7 +201,10 @@ class ShardedModel:
             yield self
         finally:
             self._joining = False
-        self.announcer.serve_joined({Operation.GATHER: self._shadow_gather, Operation.REDUCE_ROUND: self._shadow_round})
+        with self.torch_stream():
+            self.announcer.serve_joined(
+                {Operation.GATHER: self._shadow_gather, Operation.REDUCE_ROUND: self._shadow_round}
+            )
 
     def _shadow_gather(self, index: int) -> None:
         self.engine.gather(index)
@@ -206,6 +215,7 @@ class ShardedModel:
 
     # Step -----------------------------------------------------------------
 
+    @on_torch_stream
     def step(self, closure: Callable[[], object] | None = None) -> StepResult:
         """Average every contribution of every rank, update, and publish (collective).
 
@@ -284,6 +294,7 @@ class ShardedModel:
             self._reduced = self._ended is None
         return self._ended
 
+    @on_torch_stream
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> float:
         """Reduce this step's gradients now and clip them to global L2 norm ``max_norm``; return the norm before.
 
@@ -298,6 +309,7 @@ class ShardedModel:
         self._grad_norm = self.engine.clip_grad_norm(float(max_norm))
         return self._grad_norm
 
+    @on_torch_stream
     def zero_grad(self) -> None:
         """Drop the gradients not yet stepped with, on every rank (collective if backward passes ran since the last
         step: they are in the engine's sum already). ``.grad`` is always None: gradients go to the engine."""
@@ -321,44 +333,51 @@ class ShardedModel:
         reduce their gradients now (as ``clip_grad_norm_`` does) and show each parameter's averaged gradient in
         its ``.grad`` inside the block (copies, for reading: ``step()`` uses the engine's). Collective.
         """
-        self.announcer.announce(Operation.GATHERED)
-        if grads:
-            self._reduce_early()
-        held = range(len(self.engine.groups)) if self.binder.sharded else range(0)
-        for index in held:
-            self.binder.acquire(index)
+        with self.torch_stream():
+            self.announcer.announce(Operation.GATHERED)
+            if grads:
+                self._reduce_early()
+            held = range(len(self.engine.groups)) if self.binder.sharded else range(0)
+            for index in held:
+                self.binder.acquire(index)
         left_normally = False
         try:
             if grads and self._ended is None:
-                state.show_grads(self)
-            yield self.model
+                with self.torch_stream():
+                    state.show_grads(self)
+            yield self.model  # the block: the caller's own stream
             left_normally = True
             if writeback:
-                state.write_back(self)  # agreed: refused on every rank or on none
+                with self.torch_stream():
+                    state.write_back(self)  # agreed: refused on every rank or on none
         finally:
-            if grads:
-                for p in self.params.values():
-                    p.grad = None
-            for index in held:
-                self.binder.release(index)
-            if left_normally:  # every rank is here: publishing the masters drops any edit not written back
-                self.engine.publish()
-                self.show_masters()
-            else:  # this rank alone may be here: no collective, and its next step is refused until shown again
-                self.edits.refuse(GATHERED_RAISED)
+            with self.torch_stream():
+                if grads:
+                    for p in self.params.values():
+                        p.grad = None
+                for index in held:
+                    self.binder.release(index)
+                if left_normally:  # every rank is here: publishing the masters drops any edit not written back
+                    self.engine.publish()
+                    self.show_masters()
+                else:  # this rank alone may be here: no collective, and its next step is refused until shown again
+                    self.edits.refuse(GATHERED_RAISED)
 
+    @on_torch_stream
     def state_dict(self, all_ranks: bool = False) -> dict | None:
         """The module's full ``state_dict()`` (CPU tensors, tied names included) on rank 0, None on the others;
         on every rank with ``all_ranks=True``. Collective."""
         self.announcer.announce(Operation.STATE_DICT)
         return state.full_state_dict(self, all_ranks)
 
+    @on_torch_stream
     def show_masters(self) -> None:
         """Make the module's parameters show the engine's current ones, as the only edits allowed until the next
         (``edits``)."""
         self.binder.refresh()
         self.edits.record()
 
+    @on_torch_stream
     def load_state_dict(self, state_dict) -> None:
         """Load a full state dict (from ``state_dict()`` or plain torch, any stage and world size) on every rank.
 
@@ -374,11 +393,13 @@ class ShardedModel:
         held["torch_params"] = self.binder.torch_bytes()
         return held
 
+    @on_torch_stream
     def master_params(self) -> dict:
         """The full float32 master parameters by name, on every rank (collective)."""
         self.announcer.announce(Operation.MASTER_PARAMS)
         return self.engine.master_params()
 
+    @on_torch_stream
     def save(self, directory: str, data: dict | None = None, keep: int | None = None, scheduler=None) -> str:
         """Write a sharded checkpoint (collective, ``mpizero.checkpoint.store`` format); return its path.
 
@@ -388,6 +409,7 @@ class ShardedModel:
         self.announcer.announce(Operation.SAVE)
         return checkpoints.save(self, directory, data, keep, scheduler)
 
+    @on_torch_stream
     def load(self, path: str, overrides: Sequence[str] = (), scheduler=None) -> dict:
         """Restore a checkpoint saved at any world size and stage (collective); return its training state.
 
@@ -398,11 +420,13 @@ class ShardedModel:
         self.announcer.announce(Operation.LOAD)
         return checkpoints.load(self, path, overrides, scheduler)
 
+    @on_torch_stream
     def optimizer_state_dict(self) -> dict:
         """The optimizer's whole state in torch's format, on every rank (``optimizer.state_dict()``; collective)."""
         self.announcer.announce(Operation.OPTIMIZER_STATE_DICT)
         return optim_state.full_optimizer_state(self)
 
+    @on_torch_stream
     def load_optimizer_state_dict(self, state_dict: dict) -> None:
         """Load a torch-format optimizer state dict, the same on every rank (``optimizer.load_state_dict``)."""
         self.announcer.announce(Operation.LOAD_OPTIMIZER_STATE_DICT)

@@ -9,6 +9,7 @@ host memory refilled by the next gather while anything still holds it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 
@@ -77,8 +78,8 @@ class FullParams:
     reference to it tells whether anything still holds the memory.
     """
 
-    def __init__(self, numel: int, xp) -> None:
-        self.numel, self.xp = numel, xp
+    def __init__(self, numel: int, xp, device: torch.device) -> None:
+        self.numel, self.xp, self.device = numel, xp, device
         self.nbytes = 4 * numel
         self.tensor: torch.Tensor | None = None
         self._last = lambda: None  # the array owning the last buffer, while anything still holds it (weakly)
@@ -93,7 +94,8 @@ class FullParams:
         if self.tensor is None:
             memory = self._last()
             if memory is None:
-                memory = self.xp.empty(self.numel, dtype=np.float32)
+                with self.xp.cuda.Device(self.device.index) if self.device.type == "cuda" else contextlib.nullcontext():
+                    memory = self.xp.empty(self.numel, dtype=np.float32)  # on the parameters' GPU, not CuPy's
                 self._last = weakref.ref(getattr(memory, "underneath", memory))  # the stand-in's: its host array
             self.tensor = as_tensor(memory)
         return as_array(self.tensor)

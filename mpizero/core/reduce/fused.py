@@ -89,8 +89,8 @@ def numpy_kernels(kernel) -> SimpleNamespace:
     def masked_encode(assign: bool):
         def body(x, k, lo, hi, total):
             bits = x.view(np.uint32) & np.uint32(0x7FFFFFFF)
-            inside = np.where((bits >= lo) & (bits < hi), x, np.float32(0))
-            total[...] = encode(numpy_ops(int(k)), np.int64(0) if assign else total, inside, int(k))
+            kept_in = np.where((bits >= lo) & (bits < hi), x, np.float32(0))  # the C kernel's ``inside ? x : 0``
+            total[...] = encode(numpy_ops(int(k)), np.int64(0) if assign else total, kept_in, int(k))
 
         return kernel(body)
 

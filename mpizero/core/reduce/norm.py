@@ -13,7 +13,7 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from mpizero.arrays import array_module, to_host
+from mpizero.arrays import array_module, read_back
 from mpizero.core.reduce import exact
 
 
@@ -31,21 +31,16 @@ def fixed_point_squares(pieces, k: int) -> int:
         wide *= wide
         wide *= math.ldexp(1.0, k)
         partials.append(array_module(x).rint(wide).astype(np.int64).sum())
-    return sum(_read_back(partials).tolist())
+    return sum(int(v) for v in read_back(partials))
 
 
 def largest_magnitude(pieces) -> float:
     """The largest magnitude over every element of ``pieces`` (inf if any is NaN or Inf), read back in one copy."""
-    ends = _read_back([end for x in pieces if x.size for end in (x.max(), x.min())])
+    ends = np.array(read_back([end for x in pieces if x.size for end in (x.max(), x.min())]), dtype=np.float64)
     if ends.size == 0:
         return 0.0
     largest = max(float(ends.max()), -float(ends.min()))
     return largest if math.isfinite(largest) else math.inf
-
-
-def _read_back(scalars) -> np.ndarray:
-    """Scalars computed where their arrays live, as one host array."""
-    return to_host(array_module(scalars[0]).stack(scalars)) if scalars else np.empty(0)
 
 
 def global_norm(pieces, numel: int, collectives=None) -> float:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from mpizero.arrays import array_module, to_host
+from mpizero.arrays import array_module, read_back
 from mpizero.core.reduce.exact import magnitude_of_bits
 
 GRAD_DTYPE = np.dtype(np.float32)
@@ -65,11 +65,10 @@ class GroupTally:
     def _settle_pending(self) -> None:
         """Copy every contribution's device maxima to the host in one transfer."""
         if self.pending:
-            xp = array_module(self.pending[0][0][0])
-            stacked = to_host(xp.stack([xp.stack([*tops, *outside]) for tops, outside in self.pending]))
-            count = len(self.specs)
-            for row in stacked.tolist():
-                self._fold(row[:count], row[count:])
+            values = read_back([v for tops, outside in self.pending for v in (*tops, *outside)])
+            width = 2 * len(self.specs)
+            for start in range(0, len(values), width):
+                self._fold(values[start : start + len(self.specs)], values[start + len(self.specs) : start + width])
             self.pending = []
 
     def agreement_row(self, digest: float) -> np.ndarray:

@@ -1,0 +1,67 @@
+"""The optimizer update on a device in one kernel: the rule's formula (``rules``) spelled in CUDA C.
+
+The formula is the one NumPy evaluates on the host: ``C_OPS`` spells each
+operation as a C expression on float32 values, the step's constants are
+kernel arguments (so a new learning rate compiles nothing), and the kernel is
+compiled with ``--fmad=false``, so that no multiply and add is contracted into
+one fused multiply-add: each rounds on its own, as NumPy's do, and the update
+gives the host's bits. Division and ``sqrtf`` are correctly rounded (NVRTC's
+defaults, ``--prec-div=true --prec-sqrt=true``). One launch per run of a
+parameter group, reading and writing each array once. On the stand-in
+(``mpizero.standin``) the kernel is the NumPy evaluation itself.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+import numpy as np
+
+C_OPS = SimpleNamespace(
+    add=lambda a, b: f"({a} + {b})",
+    sub=lambda a, b: f"({a} - {b})",
+    mul=lambda a, b: f"({a} * {b})",
+    div=lambda a, b: f"({a} / {b})",
+    sqrt=lambda a: f"sqrtf({a})",
+    maximum=lambda a, b: f"(({a} >= {b} || isnan({a})) ? {a} : {b})",  # numpy.maximum's: a NaN wins
+    neg=lambda a: f"(-{a})",
+)
+OPTIONS = ("--fmad=false",)
+
+
+def kernel_source(rule, hyper, constants: dict, states: list[str]) -> tuple[str, str, str]:
+    """The kernel's ``(inputs, outputs, body)``: ``grad`` and the float constants in, ``param`` and the states
+    read and written; Python conditions on ``hyper`` and on boolean constants choose the terms."""
+    numbers = [name for name, value in constants.items() if not isinstance(value, bool)]
+    symbols = {name: value if isinstance(value, bool) else f"c_{name}" for name, value in constants.items()}
+    results = rule.formula(C_OPS, {name: name for name in ["param", "grad", *states]}, symbols, hyper)
+    inputs = ", ".join(["float32 grad", *(f"float32 c_{name}" for name in numbers)])
+    outputs = ", ".join(f"float32 {name}" for name in ["param", *states])
+    body = " ".join(f"float new_{name} = {expression};" for name, expression in results.items())
+    body += " " + " ".join(f"{name} = new_{name};" for name in results)
+    return inputs, outputs, body
+
+
+@functools.cache
+def _compiled(cupy, inputs: str, outputs: str, body: str):
+    return cupy.ElementwiseKernel(inputs, outputs, body, "mz_update", options=OPTIONS)
+
+
+def device_update(xp, rule, hyper, arrays: dict, constants: dict, numpy_ops) -> None:
+    """Apply ``rule`` to device ``arrays`` (``param``, ``grad`` and the states) in place, in one launch
+    (``numpy_ops``: how NumPy spells the operations, for the stand-in)."""
+    states = [name for name in arrays if name not in ("param", "grad")]
+    numbers = [np.float32(value) for value in constants.values() if not isinstance(value, bool)]
+    args = [arrays["grad"], *numbers, arrays["param"], *(arrays[name] for name in states)]
+    if hasattr(xp, "kernel"):  # the stand-in: the formula as NumPy evaluates it, on the memory underneath
+        xp.kernel(functools.partial(_numpy_body, numpy_ops, rule, hyper, constants, states))(*args)
+        return
+    _compiled(xp, *kernel_source(rule, hyper, constants, states))(*args)
+
+
+def _numpy_body(ops, rule, hyper, constants: dict, states: list[str], grad, *rest) -> None:
+    param, state = rest[-1 - len(states)], rest[len(rest) - len(states) :]
+    arrays = {"param": param, "grad": grad, **dict(zip(states, state))}
+    for name, value in rule.formula(ops, arrays, constants, hyper).items():
+        arrays[name][...] = value
