@@ -46,13 +46,14 @@ def test_device_names():
     assert device_of(standin.zeros(1)) == "standin" and device_of(np.zeros(1)) == "cpu"
 
 
-def standin_model(monkeypatch, stage: int):
-    """A 3-group torch model sharded with its CPU tensors standing for CUDA ones (``MPIZERO_STANDIN=1``)."""
+def standin_model(monkeypatch, stage: int, on_standin: bool = True):
+    """A 3-group torch model sharded with its CPU tensors standing for CUDA ones (``MPIZERO_STANDIN=1``), or on
+    the host."""
     import torch
 
     from mpizero.torch import shard, tensors
 
-    monkeypatch.setattr(tensors, "STANDIN", True)
+    monkeypatch.setattr(tensors, "STANDIN", on_standin)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
     return model, shard(model, torch.optim.AdamW(model.parameters(), lr=1e-3), stage=stage)
@@ -73,6 +74,11 @@ def test_the_first_steps_held_gradients_wait_in_host_memory(monkeypatch, stage):
     assert len(held) == 3 * 6 and all(isinstance(a, np.ndarray) for a in held)  # every tensor of every pass
     zero.step()
     assert array_module(zero.engine.groups[0].grad_shard) is standin
+    on_device = {name: a.tobytes() for name, a in zero.master_params().items()}
+    model, zero = standin_model(monkeypatch, stage, on_standin=False)
+    backward_passes(model, 3)
+    zero.step()
+    assert {name: a.tobytes() for name, a in zero.master_params().items()} == on_device  # the host's bytes
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
