@@ -41,8 +41,9 @@ def test_example_other_stages(stage):
     assert f"ZeRO Stage {stage}" in out and UPDATED in out and "Results match: True" in out
 
 
-@pytest.mark.parametrize("n", WORLD_SIZES)
-@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+@pytest.mark.parametrize(
+    "n, optimizer", [(n, "adam") for n in WORLD_SIZES] + [(n, o) for n in (2, 3) for o in ("sgd", "adamw")]
+)
 def test_verify_is_bitwise_at_every_stage(n, optimizer):
     out = run_mpi_ok(n, ["-m", "mpizero", "verify", "--optimizer", optimizer, "--micro-batches", "5"])
     lines = [line for line in out.splitlines() if line.startswith("stage ")]
