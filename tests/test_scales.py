@@ -46,7 +46,7 @@ def fixed(x: float, k: int) -> int:
 
 def defined_total(arrays, history, headroom):
     """The rule of ``scales`` in exact integers: the total, the chosen scale and the streamed sum's largest term."""
-    count, largest = len(arrays), max(exact.max_abs(a) for a in arrays)
+    count, largest = len(arrays), exact.largest_magnitude(arrays)
     used = None if history is None else scales.predict(*history, headroom)
     settled, _ = scales.settle(used, largest, count, headroom)
     cap = Fraction(2) ** settled.cap_exponent
@@ -67,7 +67,7 @@ histories = st.one_of(st.none(), st.tuples(st.floats(1e-30, 1e30), st.integers(1
 @settings(max_examples=300, deadline=None)
 @given(contributions(), histories, st.integers(0, 12))
 def test_the_defined_sum_never_overflows_and_stays_within_its_bound(arrays, history, headroom):
-    largest = max(exact.max_abs(a) for a in arrays)
+    largest = exact.largest_magnitude(arrays)
     if largest == 0.0:
         return
     totals, chosen, streamed_peak, rescaled = defined_total(arrays, history, headroom)
@@ -89,7 +89,7 @@ def test_the_reference_computes_the_defined_sum(arrays, history, headroom):
     reference = Reference({"w": np.zeros(names["w"], np.float32)}, SGD(lr=1.0), scale_headroom=headroom)
     if history is not None:
         reference.history["w"] = history
-    if max(exact.max_abs(a) for a in arrays) == 0.0:
+    if exact.largest_magnitude(arrays) == 0.0:
         return
     totals, chosen, _, _ = defined_total(arrays, history, headroom)
     expected = np.empty(arrays[0].size, np.float32)

@@ -87,7 +87,7 @@ class Reference:
 
     def _learn_scales(self, contributions: Sequence[Mapping]) -> None:
         for name in self.params:
-            largest = max(exact.max_abs(c[name]) for c in contributions)
+            largest = exact.largest_magnitude([c[name] for c in contributions])
             if largest > 0:
                 self.history[name] = (largest, len(contributions))
 
@@ -103,7 +103,7 @@ class Reference:
                 continue
             history = self.history.get(name)
             used = None if history is None else scales.predict(*history, self.scale_headroom)
-            largest = max(exact.max_abs(s) for s in sources)
+            largest = exact.largest_magnitude(sources)
             settled, _ = scales.settle(used, largest, count, self.scale_headroom)
             result[name] = self.xp.zeros(param.shape, dtype=np.float32)
             if settled is None:  # every contribution is zero

@@ -40,7 +40,7 @@ class EditWatch:
         self.model, self.params, self.binder = model, binder.params, binder
         self.trainable = {name for name, p in model.named_parameters() if p.requires_grad}
         self.seen: dict[str, tuple] = {}
-        self.sums: list[tuple[int, int]] = []
+        self.fingerprints: list[tuple[int, int]] = []
         self.refusal: str | None = None  # what the next steps refuse, until the masters are shown again
 
     def record(self) -> None:
@@ -48,7 +48,7 @@ class EditWatch:
         the bridge sets them again; nothing is refused any more."""
         self.refusal = None
         self.seen = {name: _looks(p) for name, p in self.params.items()}
-        self.sums = content_sums(self.binder.shown_buffers())
+        self.fingerprints = fingerprints(self.binder.shown_buffers())
 
     def record_unless_refused(self) -> None:
         """``record`` after a step, unless that step refused an edit: the edit is still shown, so every later
@@ -78,8 +78,10 @@ class EditWatch:
         edited = [name for name, p in self.params.items() if _looks(p) != self.seen[name]]
         if edited:
             return _refusal(f"parameters {_names(edited)}")
-        now = content_sums(self.binder.shown_buffers())
-        changed = [n for names, old, new in zip(self.binder.group_names(), self.sums, now) if old != new for n in names]
+        now = fingerprints(self.binder.shown_buffers())
+        changed = [
+            n for names, old, new in zip(self.binder.group_names(), self.fingerprints, now) if old != new for n in names
+        ]
         if changed:
             return _refusal(f"one or more of the parameters {_names(changed)}")
         return None
@@ -113,7 +115,7 @@ def _names(names: list[str]) -> str:
 COLUMNS = 4093  # words per row of a fingerprint: a prime, so that no tensor's rows line up with its rows
 
 
-def content_sums(buffers: list) -> list[tuple[int, int]]:
+def fingerprints(buffers: list) -> list[tuple[int, int]]:
     """Each flat float32 buffer's fingerprint: its 8-byte words summed, and summed weighted by their column in
     rows of ``COLUMNS`` (modulo 2**64), so that a write that only moves values (a weight transposed or its rows
     permuted through ``.data``) changes it as a write of other values does. One read of each buffer, on its

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from mpizero.arrays import CHUNK, array_module
+from mpizero.arrays import CHUNK, array_module, read_back
 from mpizero.core.reduce import fused
 
 SUM_BITS = 62
@@ -43,11 +43,13 @@ def exponent_for(max_abs: float, count: int) -> int:
     return SUM_BITS - headroom - exponent
 
 
-def max_abs(x) -> float:
-    """Return the largest magnitude in x as a Python float (inf if any NaN or Inf)."""
-    if x.size == 0:
+def largest_magnitude(pieces) -> float:
+    """The largest magnitude over every element of ``pieces`` as a Python float (inf if any is NaN or Inf); on a
+    device the pieces' extremes are read back in one copy."""
+    ends = np.array(read_back([end for x in pieces if x.size for end in (x.max(), x.min())]), dtype=np.float64)
+    if ends.size == 0:
         return 0.0
-    largest = max(float(x.max()), -float(x.min()))
+    largest = max(float(ends.max()), -float(ends.min()))
     return largest if math.isfinite(largest) else math.inf
 
 

@@ -34,18 +34,9 @@ def fixed_point_squares(pieces, k: int) -> int:
     return sum(int(v) for v in read_back(partials))
 
 
-def largest_magnitude(pieces) -> float:
-    """The largest magnitude over every element of ``pieces`` (inf if any is NaN or Inf), read back in one copy."""
-    ends = np.array(read_back([end for x in pieces if x.size for end in (x.max(), x.min())]), dtype=np.float64)
-    if ends.size == 0:
-        return 0.0
-    largest = max(float(ends.max()), -float(ends.min()))
-    return largest if math.isfinite(largest) else math.inf
-
-
 def global_norm(pieces, numel: int, collectives=None) -> float:
     """Return the L2 norm of the vector whose pieces are spread over ``collectives``' ranks (None: all here)."""
-    largest = largest_magnitude(pieces)
+    largest = exact.largest_magnitude(pieces)
     if collectives is not None:
         largest = collectives.allreduce_value(largest, MPI.MAX, "the largest gradient for the norm")
     if not math.isfinite(largest):
