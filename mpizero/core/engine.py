@@ -12,7 +12,7 @@ same steps one group at a time: ``gather``/``release`` parameters, then
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,6 +86,7 @@ class ZeroEngine:
         self.collectives = Collectives(self.comm, self.config.watchdog, on_device)
         self.step_count = self.skipped_steps = 0
         self.peak_gathered_groups = 0
+        self._gathered: set[int] = set()  # stage 3's groups whose full params exist (or are being gathered)
         self.memory_log = MemoryLog()
         self._pending: list[int] = []  # groups whose gradient collective is in flight, oldest first
         self._reduced = False  # finish_reduction() left averaged grads for apply_update()
@@ -105,7 +106,8 @@ class ZeroEngine:
         self._tracker = StepTracker(len(self.groups))
         tensors = [[s.name for s in g.layout.specs] for g in self.groups]
         self.scales = scales.StepScales(tensors, self.reduction, self.config.scale_headroom)
-        self._note_gathered()
+        self._note_held()
+        self._sample_held()
 
     # Parameters -----------------------------------------------------------
 
@@ -131,7 +133,11 @@ class ZeroEngine:
         group = self.groups[index]
         self.collectives.watchdog.context = f"step {self.step_number}, gathering group {index}"
         group.gather(self.collectives, blocking=blocking or not self.config.overlap, out=out)
-        self._note_gathered()
+        if group.plan.gathers_params:
+            self._gathered.add(index)
+            self.peak_gathered_groups = max(self.peak_gathered_groups, len(self._gathered))
+        self._note_held([index])
+        self._sample_held()
         return group.views() if group.state is ParamState.UNSHARDED else {}
 
     def full_params(self, index: int):
@@ -141,16 +147,22 @@ class ZeroEngine:
     def release(self, index: int) -> None:
         """Free group ``index``'s full params if the stage keeps only shards."""
         self.groups[index].release()
+        self._gathered.discard(index)
+        self._note_held([index])
 
     @property
     def step_number(self) -> int:
         """The step being taken now (counting skipped steps), for messages."""
         return self.step_count + self.skipped_steps + 1
 
-    def _note_gathered(self) -> None:
-        gathered = sum(g.state is not ParamState.SHARDED for g in self.groups if g.plan.gathers_params)
-        self.peak_gathered_groups = max(self.peak_gathered_groups, gathered)
-        self.memory_log.sample(self.memory())
+    def _note_held(self, indices: Iterable[int] | None = None) -> None:
+        """Tell the memory log what groups ``indices`` (default: all) hold now; each call after a group changes."""
+        for index in range(len(self.groups)) if indices is None else indices:
+            self.memory_log.note(index, self.groups[index].memory())
+
+    def _sample_held(self) -> None:
+        """One sample of the bytes held now: the groups' as last noted, and the communicator's."""
+        self.memory_log.sample({"comm": self.collectives.held_bytes})
 
     # Gradients and updates ------------------------------------------------
 
@@ -198,7 +210,8 @@ class ZeroEngine:
         self._begin_step()
         for index in range(len(self.groups)) if groups is None else groups:
             self._hand_in(index, grads, Keep(keep), can_redo)
-        self.memory_log.sample(self.memory())
+        self._note_held(groups)
+        self._sample_held()
 
     def _hand_in(self, index: int, grads: Mapping, keep: Keep, can_redo: bool) -> None:
         """Stream one contribution's tensors of group ``index`` into its local grads, and tally them."""
@@ -237,7 +250,8 @@ class ZeroEngine:
         )
         if found is not None:
             self._record(tally, index, found, can_redo)
-        self.memory_log.sample(self.memory())
+        self._note_held([index])
+        self._sample_held()
 
     def start_reduce(self, index: int, contributions: Sequence[Mapping] = ()) -> None:
         """End group ``index``'s part of the step: agree with every rank on its count, maxima, kept elements and
@@ -278,7 +292,8 @@ class ZeroEngine:
         gradients = self.groups[index].gradients
         gradients.start_reduce(self.collectives, self.reduction, not self.config.overlap, self.scales.streams(index))
         self._pending.append(index)
-        self.memory_log.sample(self.memory())
+        self._note_held([index])
+        self._sample_held()
         while len(self._pending) > IN_FLIGHT:  # finish the oldest: its int64 buffers go before the next arrive
             self._finish_reduce(self._pending.pop(0))
 
@@ -286,6 +301,7 @@ class ZeroEngine:
         chosen, count, kept = self.scales.chosen[index]
         used = self.scales.used[index]
         self.groups[index].gradients.finish_reduce(self.collectives, self.reduction, used, chosen, count, kept)
+        self._note_held([index])
 
     def _skip(self, problem: str) -> None:
         """Apply ``on_nonfinite`` to an agreed problem: raise it on every rank, or skip the step on every rank."""
@@ -295,6 +311,7 @@ class ZeroEngine:
         self._tracker.skip()
         for group in self.groups:
             group.gradients.end_step()
+        self._note_held()
 
     def finish_step(self) -> StepResult:
         """Finish every group's reduction, clip, update and publish; or skip or redo the step if agreed."""
@@ -346,6 +363,7 @@ class ZeroEngine:
         for group in self.groups:
             group.update(self.bound.rule, hyper, self.step_count)
             group.publish(self.collectives)
+        self._note_held()
         return StepResult(self.step_count, skipped=False, grad_norm=grad_norm)
 
     def read_hyper(self) -> tuple[tuple | None, int, str | None]:
@@ -407,6 +425,7 @@ class ZeroEngine:
         """Forget this step's gradients and collectives on every group; the next call starts a new step."""
         for group in self.groups:
             group.gradients.end_step()
+        self._note_held()
         self._pending.clear()
         self._tracker.reset()
 

@@ -18,13 +18,28 @@ KINDS = ("params", "gathered", "grads", "master", "optimizer", "comm")
 
 
 class MemoryLog:
-    """The largest bytes seen per kind, and the largest total, over every sample taken."""
+    """The largest bytes seen per kind, and the largest total, over every sample taken.
+
+    It keeps each group's bytes as last noted and their sum, so that a sample after one group changed (a gather, a
+    release, a reduction) costs that group, not the model: a step samples once per group, not once per group pair.
+    """
 
     def __init__(self) -> None:
         self.peak = dict.fromkeys(KINDS, 0)
         self.peak_total = 0
+        self._by_group: dict[int, dict[str, int]] = {}
+        self._held = dict.fromkeys(KINDS, 0)
 
-    def sample(self, held: dict[str, int]) -> None:
+    def note(self, index: int, held: dict[str, int]) -> None:
+        """Group ``index`` holds ``held`` now (by kind)."""
+        before = self._by_group.get(index, {})
+        for kind, nbytes in held.items():
+            self._held[kind] += nbytes - before.get(kind, 0)
+        self._by_group[index] = held
+
+    def sample(self, outside: dict[str, int]) -> None:
+        """Take the groups' bytes as noted, plus ``outside`` them (by kind), as one sample."""
+        held = {kind: nbytes + outside.get(kind, 0) for kind, nbytes in self._held.items()}
         for kind, nbytes in held.items():
             self.peak[kind] = max(self.peak[kind], nbytes)
         self.peak_total = max(self.peak_total, sum(held.values()))
