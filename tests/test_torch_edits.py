@@ -48,9 +48,10 @@ def test_edits_are_refused_or_dropped_alike_at_every_stage_and_rank(n):
             assert "the parameters after gathered(writeback=True)" in said, said
     for stage in range(3):  # the module shows full parameters between steps: a write through .data is seen
         assert f"one or more of the parameters '2.weight', '2.bias' {EDITED}" in outcome[stage, ".data edit"]
+    # at stage 3 the placeholder's .data shares the parameter's version counter: the write is counted
+    assert f"parameters '2.bias' {EDITED}" in outcome[3, ".data edit"]
+    for stage in range(4):
         assert "; again: refused; then" in outcome[stage, ".data edit"]
-    # at stage 3 a parameter between steps is an empty placeholder: a write through .data acts on no element
-    assert outcome[3, ".data edit"] == "done; then as without the edit: True"
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2])
@@ -62,6 +63,25 @@ def test_a_write_through_data_that_only_moves_values_is_refused(stage):
     with pytest.raises(mpizero.ZeroError, match=f"one or more of the parameters '2.weight', '2.bias' {EDITED}"):
         model(torch.ones(2, 6)).sum().backward()
         zero.step()
+
+
+def test_a_write_through_data_between_steps_at_stage_3_is_counted_and_refused():
+    """A stage-3 parameter shows an empty placeholder between steps: ``p.data.mul_()`` acts on no element, and
+    is refused at the next step rather than doing nothing unseen; the parameter stays an ``nn.Parameter``."""
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.GELU(), torch.nn.Linear(4, 3))
+    zero = shard(model, mpizero.SGD(lr=0.1), stage=3)
+    weight = model[2].weight
+    assert isinstance(weight, torch.nn.Parameter) and weight.data.shape == (0,)
+    model(torch.ones(2, 6)).sum().backward()
+    zero.step()
+    weight.data.mul_(0.9)
+    with pytest.raises(mpizero.ZeroError, match=f"parameters '2.weight' {EDITED}"):
+        model(torch.ones(2, 6)).sum().backward()
+        zero.step()
+    with zero.gathered():
+        assert weight.data.shape == (3, 4)  # gathered: .data is the full view again
+    model(torch.ones(2, 6)).sum().backward()
+    zero.step()
 
 
 @pytest.mark.parametrize("stage", [1, 3])

@@ -19,8 +19,9 @@ in-place op on it and on its detached aliases), the tensor its ``.data`` is,
 its ``requires_grad``, and, where the module shows full parameters between steps
 (stages 0-2), a fingerprint of their bytes, which a write through ``.data``
 changes without counting, even one that only moves values. At stage 3 a
-parameter between steps is an empty placeholder (``params``), so a write through
-``.data`` there acts on no element: it is dropped, as nothing can see it.
+parameter between steps is an empty placeholder whose ``.data`` shares the
+parameter's version counter (``params.counting_class``), so a write through
+``.data``, which acts on no element there, is counted as an in-place op is.
 """
 
 from __future__ import annotations

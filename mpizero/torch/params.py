@@ -10,7 +10,11 @@ Glossary:
   outside forward and backward): an empty tensor, as FSDP1 showed. Reading it
   is safe (``p.sum()`` is 0, ``print(p)`` shows ``tensor([])``), and using it
   in a computation with the parameter's real shape fails loudly; the values
-  are read with ``gathered()`` or ``state_dict()``.
+  are read with ``gathered()`` or ``state_dict()``. Such a parameter's class
+  is a subclass of its own (``counting_class``) whose ``.data`` is then a
+  detached alias sharing its version counter, so that a write through
+  ``.data`` (``p.data.mul_(0.9)``), which would act on no element, is counted
+  and refused at the next step (``edits``) instead of doing nothing unseen.
 
 At stages 0-2 the full params live between steps and every parameter always
 shows its full view. At stage 3 each group's full params exist only between
@@ -20,11 +24,30 @@ announced first (``sync``), so ranks that do different things find out.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
 from mpizero.torch.sync import Operation
 from mpizero.torch.tensors import FullParams, as_array, as_tensor
+
+TORCH_DATA = torch.Tensor.data  # torch's own ``.data`` of every tensor: a fresh alias that counts no write
+
+
+def _data(param):
+    return param.detach() if param.shows_placeholder else TORCH_DATA.__get__(param)
+
+
+def _set_data(param, value) -> None:
+    TORCH_DATA.__set__(param, value)
+
+
+@functools.cache
+def counting_class(cls: type) -> type:
+    """``cls`` (a parameter class) whose ``.data``, while the parameter shows the placeholder, counts writes."""
+    attributes = {"data": property(_data, _set_data), "shows_placeholder": False, "__module__": __name__}
+    return type(f"Sharded{cls.__name__}", (cls,), attributes)
 
 
 class Binder:
@@ -38,6 +61,9 @@ class Binder:
         self.in_flight: set[int] = set()  # prefetched groups nobody has acquired yet
         self.buffers: list[FullParams] = []
         self.placeholder = torch.empty(0, dtype=torch.float32, device=device)
+        if self.sharded:
+            for param in params.values():
+                param.__class__ = counting_class(type(param))
         if self.sharded or not self.zero_copy:
             for index, group in enumerate(engine.groups):
                 self.buffers.append(FullParams(group.partition.padded_numel, group.xp, device))
@@ -52,12 +78,15 @@ class Binder:
         """Make group ``index``'s parameters views of its (allocated) float32 buffer."""
         flat = self.buffers[index].tensor
         for spec in self.engine.groups[index].layout.specs:
-            self.params[spec.name].data = flat[spec.offset : spec.stop].view(spec.shape)
+            param = self.params[spec.name]
+            param.data = flat[spec.offset : spec.stop].view(spec.shape)
+            param.shows_placeholder = False
 
     def _hide(self, index: int) -> None:
         """Make group ``index``'s parameters the placeholder and free its full params."""
         for name in self.engine.groups[index].layout.names:
             self.params[name].data = self.placeholder
+            self.params[name].shows_placeholder = True
         self.buffers[index].free()
 
     def refresh(self) -> None:
