@@ -9,7 +9,10 @@ knows them, and at any world size each rank sends one message. The watchdog
 (``watchdog``) reads the notice while its rank waits.
 
 The notice travels on a duplicate of the communicator, so it never meets the
-program's own messages. It needs ``MPI_THREAD_MULTIPLE`` (mpi4py's default):
+program's own messages. A rank finishes once, whatever number of engines it
+made: one ``Departures`` serves every communicator over the same ranks
+(``for_ranks``), so a process with a hundred engines sends one notice per
+group of ranks at exit, not a hundred in turn. It needs ``MPI_THREAD_MULTIPLE`` (mpi4py's default):
 the watchdog's thread sends and receives it while the main thread may be
 blocked inside MPI. Otherwise, and on one rank, there is nothing to do.
 """
@@ -26,6 +29,23 @@ TAG = 7
 NOTICE_BYTES = 256  # a JSON list of the first finished ranks
 SHOWN = 8  # finished ranks a notice names at most
 SEND_SECONDS = 1.0  # how long a finishing rank tries to hand its notice over
+
+
+_BY_RANKS: dict[tuple[int, ...], Departures] = {}
+
+
+def for_ranks(comm: MPI.Comm) -> Departures:
+    """The notices of ``comm``'s ranks: made (collectively) at the first call for these ranks in this order, then
+    shared; every rank of ``comm`` makes the same calls, so all make it or none does."""
+    group, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
+    try:
+        ranks = tuple(group.Translate_ranks(list(range(comm.Get_size())), world))
+    finally:
+        group.Free()
+        world.Free()
+    if ranks not in _BY_RANKS:
+        _BY_RANKS[ranks] = Departures(comm)
+    return _BY_RANKS[ranks]
 
 
 class Departures:

@@ -37,6 +37,7 @@ from mpi4py import MPI
 
 from mpizero import libc
 from mpizero.arrays import CHUNK
+from mpizero.comm.watchdog import WeakWatchdog
 
 SHM_DIR = "/dev/shm"  # where MPICH and Open MPI back shared windows on Linux
 HEADROOM = 1.25  # the window's own bookkeeping, and other users of the same tmpfs
@@ -82,7 +83,7 @@ class SharedArena:
 
     def __init__(self, comm: MPI.Comm, node: MPI.Comm, watchdog) -> None:
         """``node``: ``comm`` split by shared memory; usable only when that leaves ``comm`` whole."""
-        self.comm, self.node, self.watchdog = comm, node, watchdog
+        self.comm, self.node, self.watchdog = comm, node, WeakWatchdog(watchdog)  # held at exit: not it
         self.window, self.segments, self.nbytes = None, [], 0
         atexit.register(self._free_at_clean_exit)
 
@@ -151,7 +152,7 @@ class OwnerSums:
     """Every node rank's accumulator of ``numel`` elements of ``dtype``, in one node-shared window."""
 
     def __init__(self, node: MPI.Comm, watchdog, numel: int, dtype) -> None:
-        self.node, self.watchdog = node, watchdog
+        self.node, self.watchdog = node, WeakWatchdog(watchdog)  # held at exit: not it
         dtype = np.dtype(dtype)
         with self.watchdog.waiting("shared-memory window allocation (owner sums)"):
             self.window = MPI.Win.Allocate_shared(numel * dtype.itemsize, dtype.itemsize, comm=node)

@@ -20,10 +20,11 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 from mpi4py import MPI
 
-from mpizero.comm.departures import Departures
+from mpizero.comm.departures import Departures, for_ranks
 
 EXIT_STATUS = 3
 GRACE = 2.0
@@ -40,9 +41,9 @@ class Watchdog:
         self._current: tuple[str, float] | None = None
         self.departures: Departures | None = None
         if seconds is not None or comm.Get_size() > 1:
-            threading.Thread(target=self._watch, name="mpizero-watchdog", daemon=True).start()
+            threading.Thread(target=_watch, args=(weakref.ref(self),), name="mpizero-watchdog", daemon=True).start()
         with self.waiting("set-up: a communicator for notices of finished ranks"):
-            self.departures = Departures(comm)
+            self.departures = for_ranks(comm)
 
     @contextlib.contextmanager
     def waiting(self, op: str):
@@ -53,26 +54,56 @@ class Watchdog:
         finally:
             self._current = None
 
-    def _watch(self) -> None:
-        program, heard_at = threading.main_thread(), None
-        while True:
-            time.sleep(POLL if self.seconds is None else min(POLL, self.seconds / 4))
-            departures, current, now = self.departures, self._current, time.monotonic()
-            if departures is not None and not program.is_alive():  # exit-time clean-up may wait: tell others first
-                departures.leave()
-            if current is None:
-                continue
-            if self.seconds is not None and now - current[1] > self.seconds:
-                self._end(f"waited {now - current[1]:.1f} s in {current[0]} ({self.context})")
-            finished = departures.finished() if departures is not None and program.is_alive() else []
-            heard_at = heard_at or (now if finished else None)
-            if finished and now - max(current[1], heard_at) > GRACE:
-                who = f"rank {finished[0]}" if len(finished) == 1 else f"ranks {finished}"
-                self._end(
-                    f"{who} finished (exited or called MPI_Finalize) while this rank waits in "
-                    f"{current[0]} ({self.context})"
-                )
+    def look(self, program: threading.Thread, heard_at: float | None) -> float | None:
+        """One look at the wait in progress (from the watchdog's thread): end the job if it waited too long, or
+        for a rank that finished. ``heard_at``: when a finished rank was first heard of; returned, updated."""
+        departures, current, now = self.departures, self._current, time.monotonic()
+        if departures is not None and not program.is_alive():  # exit-time clean-up may wait: tell others first
+            departures.leave()
+        if current is None:
+            return heard_at
+        if self.seconds is not None and now - current[1] > self.seconds:
+            self._end(f"waited {now - current[1]:.1f} s in {current[0]} ({self.context})")
+        finished = departures.finished() if departures is not None and program.is_alive() else []
+        heard_at = heard_at or (now if finished else None)
+        if finished and now - max(current[1], heard_at) > GRACE:
+            who = f"rank {finished[0]}" if len(finished) == 1 else f"ranks {finished}"
+            self._end(
+                f"{who} finished (exited or called MPI_Finalize) while this rank waits in {current[0]} ({self.context})"
+            )
+        return heard_at
 
     def _end(self, why: str) -> None:
         print(f"mpizero watchdog: rank {self.rank}: {why}; ending the job", file=sys.stderr, flush=True)
         os._exit(EXIT_STATUS)
+
+
+class WeakWatchdog:
+    """A watchdog held without keeping it alive, by what outlives its engine until exit (shared-memory arenas,
+    freed then): waits are watched while the watchdog lives, and not after, so its thread can end with it."""
+
+    def __init__(self, watchdog: Watchdog) -> None:
+        self._ref = weakref.ref(watchdog)
+
+    def waiting(self, op: str):
+        """The watchdog's ``waiting(op)`` while it lives; nothing after."""
+        watchdog = self._ref()
+        return contextlib.nullcontext() if watchdog is None else watchdog.waiting(op)
+
+
+def _watch(ref: weakref.ref) -> None:
+    """The watchdog's thread: a look every ``POLL`` seconds (or a quarter of the limit), until the watchdog is
+    gone with its engine, so that a process that made many engines does not keep a thread polling for each."""
+    program, heard_at = threading.main_thread(), None
+    while True:
+        watchdog = ref()
+        if watchdog is None:
+            return
+        pause = POLL if watchdog.seconds is None else min(POLL, watchdog.seconds / 4)
+        del watchdog
+        time.sleep(pause)
+        watchdog = ref()
+        if watchdog is None:
+            return
+        heard_at = watchdog.look(program, heard_at)
+        del watchdog
