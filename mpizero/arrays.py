@@ -35,7 +35,22 @@ def array_module(a):
 def device_of(a) -> str:
     """The device name (``DEVICES``) of the memory ``a`` lives in."""
     xp = array_module(a)
-    return "cpu" if xp is np else "gpu" if xp.__name__ == "cupy" else "standin"
+    return "cpu" if xp is np else "standin" if is_standin(xp) else "gpu"
+
+
+def is_standin(xp) -> bool:
+    """Whether array module ``xp`` is the CPU stand-in for CuPy (``mpizero.standin``): its kernels are NumPy
+    bodies, and it is its own ``cupyx``."""
+    return xp.__name__ == "mpizero.standin"
+
+
+def cupyx_of(xp):
+    """CuPy's companion module ``cupyx`` (pinned host memory), or the stand-in for the stand-in."""
+    if is_standin(xp):
+        return xp
+    import cupyx
+
+    return cupyx
 
 
 def to_host(a) -> np.ndarray:

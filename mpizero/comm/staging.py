@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpizero.arrays import cupyx_of
+
 CHUNK_BYTES = 1 << 22  # 4 MiB: large enough for the copy engines' full rate, small enough to overlap
 
 
@@ -68,11 +70,7 @@ class CupyCopies(PlainCopies):
         self.stream = cupy.cuda.Stream(non_blocking=True)
 
     def _allocate(self, nbytes: int) -> np.ndarray:
-        if hasattr(self.cupy, "empty_pinned"):  # the stand-in (``mpizero.standin``) keeps it in its own namespace
-            return self.cupy.empty_pinned(nbytes, np.uint8)
-        import cupyx
-
-        return cupyx.empty_pinned(nbytes, np.uint8)
+        return cupyx_of(self.cupy).empty_pinned(nbytes, np.uint8)
 
     def after_compute(self) -> None:
         self.stream.wait_event(self.cupy.cuda.get_current_stream().record())

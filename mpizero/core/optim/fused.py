@@ -18,6 +18,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from mpizero.arrays import is_standin
+
 C_OPS = SimpleNamespace(
     add=lambda a, b: f"({a} + {b})",
     sub=lambda a, b: f"({a} - {b})",
@@ -54,7 +56,7 @@ def device_update(xp, rule, hyper, arrays: dict, constants: dict, numpy_ops) -> 
     states = [name for name in arrays if name not in ("param", "grad")]
     numbers = [np.float32(value) for value in constants.values() if not isinstance(value, bool)]
     args = [arrays["grad"], *numbers, arrays["param"], *(arrays[name] for name in states)]
-    if hasattr(xp, "kernel"):  # the stand-in: the formula as NumPy evaluates it, on the memory underneath
+    if is_standin(xp):  # the formula as NumPy evaluates it, on the memory underneath
         xp.kernel(functools.partial(_numpy_body, numpy_ops, rule, hyper, constants, states))(*args)
         return
     _compiled(xp, *kernel_source(rule, hyper, constants, states))(*args)

@@ -23,6 +23,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from mpizero.arrays import is_standin
+
 
 def encode(ops, total, x, k):
     """``total + rint(x * 2**k)`` in int64, ``x`` float32."""
@@ -104,7 +106,7 @@ def numpy_kernels(kernel) -> SimpleNamespace:
 def kernels(cupy) -> SimpleNamespace:
     """The device kernels (built on first use): ``add``, ``assign`` (masked encodes), ``decode``; compiled by CuPy,
     or evaluated by NumPy on the stand-in."""
-    if hasattr(cupy, "kernel"):
+    if is_standin(cupy):
         return numpy_kernels(cupy.kernel)
     make = cupy.ElementwiseKernel
     inputs = "float32 x, int32 k, uint32 lo, uint32 hi"
