@@ -27,8 +27,10 @@ import json
 import logging
 import os
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -64,7 +66,6 @@ CONFIGS = [
 ]
 NEEDS = {"torch": "torch", "deepspeed": "deepspeed", "mpizero.torch": "torch", "gpt2": "transformers"}  # modules
 WARMUP = 2  # steps left out of the median
-RESULT = "bench_peers result: "  # how a worker's one line of result starts (the frameworks print on stdout too)
 
 
 def parse() -> argparse.Namespace:
@@ -83,6 +84,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--bandwidth-mib", type=int, default=1024, help="size of each bandwidth array, MiB")
     parser.add_argument("--chart", default=None, help="also draw step time and peak RSS per configuration (PNG)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--result-file", default=None, help=argparse.SUPPRESS)  # where a worker's rank 0 writes
     args = parser.parse_args()
     if args.steps <= WARMUP:
         parser.error(f"--steps {args.steps}: at least {WARMUP + 1} (the first {WARMUP} are warm-up)")
@@ -328,7 +330,8 @@ WORKERS = {
 
 def run_config(args, config: str, micro_batches: int) -> dict:
     """Run ``config`` at ``micro_batches`` per rank in its own ``mpiexec`` job; return rank 0's result."""
-    command = [*python_under_mpiexec(args.ranks, str(HERE)), "--worker", config]
+    result_file = Path(tempfile.mkdtemp(prefix="bench_peers.")) / "result.json"
+    command = [*python_under_mpiexec(args.ranks, str(HERE)), "--worker", config, "--result-file", str(result_file)]
     for option in ("width", "layers", "batch", "steps"):
         command += [f"--{option}", str(getattr(args, option))]
     command += ["--micro-batches", str(micro_batches)]
@@ -339,12 +342,14 @@ def run_config(args, config: str, micro_batches: int) -> dict:
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": "29517",
     }
-    # stdout carries the result; stderr is left to the terminal, for the worker's progress lines
+    # the result comes in a file: a line on stdout, printed just before the worker's os._exit, was sometimes lost
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=1200, env=env)
-    results = [line[len(RESULT) :] for line in done.stdout.splitlines() if line.startswith(RESULT)]
-    if done.returncode != 0 or len(results) != 1:
-        raise SystemExit(f"{config} failed (exit {done.returncode}); its error output is above; stdout:\n{done.stdout}")
-    result = json.loads(results[0])
+    written = result_file.read_text() if result_file.exists() else ""
+    shutil.rmtree(result_file.parent)
+    if done.returncode != 0 or not written:
+        why = f"exit {done.returncode}" + ("" if written else ", no result written")
+        raise SystemExit(f"{config} failed ({why}); its error output is above; stdout:\n{done.stdout}")
+    result = json.loads(written)
     median = float(np.median(result["times"][WARMUP:]))
     return {"config": config, "micro_batches": micro_batches, "median_ms": round(median * 1e3, 3), **result}
 
@@ -423,7 +428,7 @@ def main() -> None:
         (args.micro_batches,) = args.micro_batches  # one count per worker
         result = WORKERS[framework(args.worker)](args, args.worker)
         if int(os.environ.get("PMI_RANK", "0")) == 0:
-            print(RESULT + json.dumps(result), flush=True)
+            Path(args.result_file).write_text(json.dumps(result))
         if framework(args.worker) in ("torch", "deepspeed", "gpt2"):
             os._exit(0)  # torch+gloo sometimes aborts in its exit-time destructors ("terminate called ...")
         return
