@@ -1,3 +1,4 @@
+import compileall
 import os
 import sys
 from pathlib import Path
@@ -10,6 +11,16 @@ from checkpoint_runs import saved  # noqa: E402, F401  (a fixture: the checkpoin
 # from the ranks that work; with heavy yield they sleep instead (docs/getting-started.md, "Oversubscribed runs").
 # Every mpiexec the tests start inherits this; a value set outside the suite is kept.
 os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
+
+# Every process the suite starts (some two thousand ranks and commands) imports mpizero from this checkout. Where
+# PYTHONDONTWRITEBYTECODE is set (as on our machines) none of them caches the compiled modules, so each compiled
+# them again: 0.2 s a process. Compile them once here; reading a compiled module needs no write. A read-only
+# checkout keeps compiling, as before.
+for _folder in ("mpizero", "tests"):
+    try:
+        compileall.compile_dir(Path(__file__).resolve().parent.parent / _folder, quiet=2)
+    except OSError:
+        pass
 
 # Under ``mpiexec ... python -m pytest --with-mpi``: a failure on one rank ends every rank; rank 0 reports.
 pytest_plugins = ["mpizero.testing"]

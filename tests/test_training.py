@@ -77,8 +77,8 @@ def test_train_shows_progress_and_the_mlp_learns_digits():
 
 
 def test_the_transformer_beats_the_unigram_entropy():
-    out = run_mpi_ok(
-        4, ["-m", "mpizero", "train", "--model", "transformer", "--stage", "3", "--steps", "120", "--log-every", "40"]
+    out = run_mpi_ok(  # 60 steps at -n 2 reach 2.77 nats/char, against 3.17 (the same bytes at -n 4: above)
+        2, ["-m", "mpizero", "train", "--model", "transformer", "--stage", "3", "--steps", "60", "--log-every", "20"]
     )
     loss = float(out.split("held-out loss: ")[1].split()[0])
     entropy = float(out.split("unigram entropy ")[1].rstrip(")\n").split(")")[0])
