@@ -1,8 +1,10 @@
 """mpizero.torch with what users bring: byte-identical at every world size and stage, close to plain torch,
 safe to read, state dicts that load anywhere, uneven work under join(), streamed gradients."""
 
+import gc
 import re
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -179,6 +181,25 @@ def test_watchdog_is_on_by_default_and_none_turns_it_off():
     model, _ = users.make("mlp")
     assert shard(model, mpizero.SGD(lr=0.1)).engine.config.watchdog == 600.0
     assert shard(users.make("mlp")[0], mpizero.SGD(lr=0.1), watchdog=None).engine.config.watchdog is None
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_sharded_model_its_user_drops_is_freed_and_one_still_used_keeps_training(stage):
+    """Torch keeps tensor hooks in C++, out of sight of Python's collector: the gradient hooks hold their sharded
+    model weakly, so one the user drops (model, optimizer and all) is freed with its engine; the model holds it,
+    so training through the model and optimizer alone goes on."""
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.GELU(), torch.nn.Linear(4, 3))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    engine = weakref.ref(shard(model, optimizer, stage=stage).engine)  # the sharded model itself is not kept
+    gc.collect()
+    before = dict(engine().master_params())
+    for _ in range(2):
+        model(torch.ones(2, 6)).sum().backward()
+        optimizer.step()
+    assert all(not np.array_equal(before[name], after) for name, after in engine().master_params().items())
+    del model, optimizer
+    gc.collect()
+    assert engine() is None
 
 
 def test_stage_3_parameters_are_empty_placeholders_between_uses():

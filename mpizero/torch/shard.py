@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
@@ -76,6 +77,16 @@ def shard(
     return ShardedModel(model, optimizer, stage, comm, modules, settings, init, trim_heap, seed)
 
 
+def _grad_ready_of(zero_ref: weakref.ref, name: str, param: torch.nn.Parameter) -> None:
+    """A parameter's gradient hook: hand the gradient to its sharded model, if that still exists. Torch keeps
+    tensor hooks in C++, where Python's collector cannot see the cycle back through them; a strong reference
+    here kept every sharded model (its engine, masters and shared-memory windows) alive until exit. The model
+    holds its sharded model strongly (``habits``), so while the model is in use the hook finds it."""
+    zero = zero_ref()
+    if zero is not None:
+        zero._grad_ready(name, param)
+
+
 class ShardedModel:
     """The engine behind a torch module: ``step()``, ``join()``, ``gathered()``, ``state_dict()``, ``save()``, ..."""
 
@@ -110,8 +121,9 @@ class ShardedModel:
                 self.hooks = UnitHooks(
                     model, self.units, group_of, self.binder, self._backward_started, self.torch_stream.around
                 )
-            for name, p in self.params.items():
-                p.register_post_accumulate_grad_hook(self.torch_stream.around(partial(self._grad_ready, name)))
+            for name, p in self.params.items():  # weakly: see ``_grad_ready_of``
+                hook = partial(_grad_ready_of, weakref.ref(self), name)
+                p.register_post_accumulate_grad_hook(self.torch_stream.around(hook))
             self.grads = GradientIntake(self.engine, group_of, self.announcer.announce)
             self._in_backward = self._joining = False
             self._reduced = False  # this step's gradients were reduced before step() (clip_grad_norm_, gathered)
