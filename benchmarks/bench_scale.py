@@ -43,6 +43,8 @@ def worker(args) -> None:
     from mpi4py import MPI
 
     from mpizero import AdamW, ZeroEngine
+    from mpizero.comm import windows
+    from mpizero.comm.ranks import world_ranks
     from mpizero.core import formulas
     from mpizero.core.precision import PRECISIONS
     from mpizero.training.trainer import DEFAULT_BUCKET_ELEMS, Trainer, make_groups
@@ -59,6 +61,7 @@ def worker(args) -> None:
 
     for stage in args.stages:
         comm.Barrier()
+        earlier_windows = len(windows.held(world_ranks(comm)))  # the engine before: freed at this one's set-up
         start = time.perf_counter()
         engine = ZeroEngine(
             model.init(0),
@@ -98,6 +101,7 @@ def worker(args) -> None:
             "step_s": comm.allreduce(sum(steps_s[1:]) / (STEPS - 1), op=MPI.MAX),
             "setup_s": comm.allreduce(setup_s, op=MPI.MAX),
             "setup_calls": setup_calls,
+            "earlier_windows": earlier_windows,
         }
         if comm.Get_rank() == 0:
             print(json.dumps(row), flush=True)

@@ -76,11 +76,13 @@ def test_the_watchdog_runs_while_a_rank_waits_in_its_first_agreement():
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_a_process_that_makes_many_engines_shares_one_notice_and_keeps_no_idle_watchdog(n):
-    """One notice per group of ranks (a rank ends once), and no watchdog thread outlives its engine: before, each
-    of a hundred engines kept a thread polling, and each sent its own notice at exit, a second apiece."""
+    """One notice per group of ranks (a rank ends once), no watchdog thread outlives its engine, and an engine's
+    node-shared window is freed at the next engine's set-up: before, each of a hundred engines kept a thread
+    polling and its window until exit, and each sent its own notice at exit, a second apiece."""
     out = run_mpi(n, ["-m", "mpi4py", "tests/mpi/many_engines.py"], timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = sorted(line for line in out.stdout.splitlines() if line.startswith("rank "))
     watched = n > 1  # one rank without a time limit has nothing to watch
-    expected = [f"rank {r}: watched while an engine lived {watched}, threads after 0; shared True" for r in range(n)]
+    last = "threads after 0; shared True; windows 1 per engine, 1 left"  # the last engine's, until exit
+    expected = [f"rank {r}: watched while an engine lived {watched}, {last}" for r in range(n)]
     assert lines == expected, out.stdout

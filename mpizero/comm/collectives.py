@@ -28,10 +28,11 @@ import numpy as np
 from mpi4py import MPI
 
 from mpizero.arrays import array_module
-from mpizero.comm import agree, cuda_aware, identity, paths
+from mpizero.comm import agree, cuda_aware, identity, paths, windows
 from mpizero.comm.hierarchical import TwoLevel
 from mpizero.comm.paths import inter_node_bytes
 from mpizero.comm.pending import Pending
+from mpizero.comm.ranks import world_ranks
 from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
 from mpizero.comm.shared import OwnerSums, SharedArena, address_space_limit, window_room_problem
 from mpizero.comm.transport import STAGING_ENV_VAR, Transport, requested_staging
@@ -106,6 +107,7 @@ class Collectives:
         self.paths = self._settle_paths(on_device)
         self.transport = Transport(self.paths.device, comm.Get_rank(), comm.Get_size(), self.traffic)
         self.levels = TwoLevel(comm, self.node, self.watchdog) if self.paths.two_level else None
+        windows.free_orphans(self, world_ranks(comm))  # the windows of engines gone on every one of these ranks
 
     def _settle_paths(self, on_device: bool) -> paths.CommPaths:
         asked = {v: os.environ.get(v) for v in (paths.ENV_VAR, cuda_aware.ENV_VAR, STAGING_ENV_VAR)}
@@ -131,7 +133,9 @@ class Collectives:
         If the shared memory behind the arena has too little room (agreed on every rank), the job falls
         back to MPI's reduce-scatter for good, says so once, and this returns a private buffer.
         """
-        arena = self.arenas.setdefault(key, SharedArena(self.comm, self.node, self.watchdog))
+        if key not in self.arenas:
+            self.arenas[key] = SharedArena(self.comm, self.node, self.watchdog)
+        arena = self.arenas[key]
         nbytes = numel * np.dtype(dtype).itemsize
         if nbytes > arena.nbytes and not self._room_for(nbytes - arena.nbytes):
             return np.empty(numel, dtype)

@@ -25,6 +25,8 @@ import threading
 
 from mpi4py import MPI
 
+from mpizero.comm.ranks import world_ranks
+
 TAG = 7
 NOTICE_BYTES = 256  # a JSON list of the first finished ranks
 SHOWN = 8  # finished ranks a notice names at most
@@ -37,12 +39,7 @@ _BY_RANKS: dict[tuple[int, ...], Departures] = {}
 def for_ranks(comm: MPI.Comm) -> Departures:
     """The notices of ``comm``'s ranks: made (collectively) at the first call for these ranks in this order, then
     shared; every rank of ``comm`` makes the same calls, so all make it or none does."""
-    group, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
-    try:
-        ranks = tuple(group.Translate_ranks(list(range(comm.Get_size())), world))
-    finally:
-        group.Free()
-        world.Free()
+    ranks = world_ranks(comm)
     if ranks not in _BY_RANKS:
         _BY_RANKS[ranks] = Departures(comm)
     return _BY_RANKS[ranks]

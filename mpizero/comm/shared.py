@@ -23,7 +23,6 @@ write of the sum, where the arena costs a write, a read and an add besides.
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import mmap
 import os
@@ -37,6 +36,8 @@ from mpi4py import MPI
 
 from mpizero import libc
 from mpizero.arrays import CHUNK
+from mpizero.comm import windows
+from mpizero.comm.ranks import world_ranks
 from mpizero.comm.watchdog import WeakWatchdog
 
 SHM_DIR = "/dev/shm"  # where MPICH and Open MPI back shared windows on Linux
@@ -83,9 +84,8 @@ class SharedArena:
 
     def __init__(self, comm: MPI.Comm, node: MPI.Comm, watchdog) -> None:
         """``node``: ``comm`` split by shared memory; usable only when that leaves ``comm`` whole."""
-        self.comm, self.node, self.watchdog = comm, node, WeakWatchdog(watchdog)  # held at exit: not it
+        self.comm, self.node, self.watchdog = comm, node, WeakWatchdog(watchdog)  # ``windows`` lists it: not it
         self.window, self.segments, self.nbytes = None, [], 0
-        atexit.register(self._free_at_clean_exit)
 
     def owns(self, array: np.ndarray) -> bool:
         """Whether ``array`` lies in this rank's segment of the arena."""
@@ -105,6 +105,7 @@ class SharedArena:
             self.window = MPI.Win.Allocate_shared(nbytes, 1, comm=self.node)
         self.segments = [np.frombuffer(self.window.Shared_query(r)[0], dtype=np.uint8) for r in range(self.node.size)]
         self.window.Lock_all(MPI.MODE_NOCHECK)
+        windows.hold(self, world_ranks(self.comm), self.watchdog)
         self.nbytes = nbytes
 
     def reduce_scatter(self, local: np.ndarray, recv: np.ndarray) -> None:
@@ -132,27 +133,23 @@ class SharedArena:
         with self.watchdog.waiting("shared-memory reduce-scatter (all segments read)"):
             self.node.Barrier()
 
-    def _free_at_clean_exit(self) -> None:
-        """Free the window before mpi4py's MPI_Finalize (MPICH's OFI netmod cannot close with windows open).
-
-        Not after an uncaught exception: MPI then aborts, and this collective would wait for ranks that never come.
-        """
-        if getattr(sys, "last_value", None) is None and getattr(sys, "last_exc", None) is None:
-            self.free()
-
     def free(self) -> None:
+        """Free the window (collective over the node; ``windows`` calls it at the next engine's set-up once this
+        arena's engine is gone, or at exit, before mpi4py's MPI_Finalize: MPICH's OFI netmod cannot close with
+        windows open)."""
         if self.window is not None:
             self.window.Unlock_all()
             with self.watchdog.waiting("shared-memory window free"):
                 self.window.Free()
             self.window, self.segments, self.nbytes = None, [], 0
+            windows.release(self)
 
 
 class OwnerSums:
     """Every node rank's accumulator of ``numel`` elements of ``dtype``, in one node-shared window."""
 
     def __init__(self, node: MPI.Comm, watchdog, numel: int, dtype) -> None:
-        self.node, self.watchdog = node, WeakWatchdog(watchdog)  # held at exit: not it
+        self.node, self.watchdog = node, WeakWatchdog(watchdog)  # ``windows`` lists it: not it
         dtype = np.dtype(dtype)
         with self.watchdog.waiting("shared-memory window allocation (owner sums)"):
             self.window = MPI.Win.Allocate_shared(numel * dtype.itemsize, dtype.itemsize, comm=node)
@@ -163,7 +160,7 @@ class OwnerSums:
         self.window.Lock_all(MPI.MODE_NOCHECK)
         self.own = self.views[node.Get_rank()]
         self.own[...] = 0
-        atexit.register(self._free_at_clean_exit)
+        windows.hold(self, world_ranks(node), self.watchdog)  # one host: the engine's ranks
 
     def push(self, add_block) -> None:
         """Call ``add_block(owner, accumulator)`` for every node rank, this rank's own first, then the next ones
@@ -194,17 +191,14 @@ class OwnerSums:
             if owner != rank:
                 drop_page_mappings(view)
 
-    def _free_at_clean_exit(self) -> None:
-        """Free the window before MPI_Finalize, as ``SharedArena`` does (not after an uncaught exception)."""
-        if (
-            getattr(sys, "last_value", None) is None
-            and getattr(sys, "last_exc", None) is None
-            and self.window is not None
-        ):
+    def free(self) -> None:
+        """Free the window (collective over the node), as ``SharedArena.free``."""
+        if self.window is not None:
             self.window.Unlock_all()
             with self.watchdog.waiting("shared-memory window free (owner sums)"):
                 self.window.Free()
             self.window = None
+            windows.release(self)
 
 
 MADV_DONTNEED = 4  # Linux's value on every architecture it runs mpizero on

@@ -85,6 +85,11 @@ class WeakWatchdog:
     def __init__(self, watchdog: Watchdog) -> None:
         self._ref = weakref.ref(watchdog)
 
+    @property
+    def alive(self) -> bool:
+        """Whether the watchdog (and so its engine) still exists."""
+        return self._ref() is not None
+
     def waiting(self, op: str):
         """The watchdog's ``waiting(op)`` while it lives; nothing after."""
         watchdog = self._ref()

@@ -1,0 +1,70 @@
+"""The node-shared windows this process holds, and when they are freed.
+
+Freeing a window is collective (``MPI_Win_free``), so a window whose engine was
+dropped cannot be freed when Python collects that engine: ranks collect at
+different times. So every window is listed here when made (every rank makes
+the same windows in the same order), with the ranks of its engine's
+communicator and a weak reference to that engine's watchdog. The next engine
+set up on the same ranks agrees which windows have lost their engine on every
+rank, and all free those together; before, each stayed until exit, so a
+process that sharded model after model held every one's gradient sums. The
+rest are freed at exit, in the order made, unless an uncaught exception is
+ending the process: MPI then aborts, and a collective would wait for ranks
+that never come.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(eq=False)
+class Held:
+    """One window's owner (with a collective ``free()``), its communicator's world ranks, its engine's watchdog."""
+
+    owner: object
+    ranks: tuple[int, ...]
+    watchdog: object  # a ``WeakWatchdog``: not alive once its engine is gone
+
+
+_HELD: list[Held] = []
+
+
+def hold(owner, ranks: tuple[int, ...], watchdog) -> None:
+    """List ``owner``'s window, just made on every rank of ``ranks``; ``owner.free()`` calls ``release``."""
+    if not _HELD:
+        atexit.register(_free_all_at_clean_exit)
+    _HELD.append(Held(owner, ranks, watchdog))
+
+
+def release(owner) -> None:
+    """``owner``'s window was freed (on every rank)."""
+    _HELD[:] = [held for held in _HELD if held.owner is not owner]
+
+
+def held(ranks: tuple[int, ...]) -> list[Held]:
+    """The windows made on these ranks and not yet freed, in the order made."""
+    return [entry for entry in _HELD if entry.ranks == ranks]
+
+
+def free_orphans(collectives, ranks: tuple[int, ...]) -> None:
+    """Free the windows on ``ranks`` whose engine is gone on every rank (collective over those ranks: one small
+    agreement, none where no window is held)."""
+    candidates = held(ranks)
+    if not candidates:
+        return
+    alive = [float(entry.watchdog.alive) for entry in candidates]
+    agreed = collectives.agree(np.array([0.0, *alive]))[1:]  # maxed: alive on any rank
+    for entry, alive_anywhere in zip(candidates, agreed):
+        if not alive_anywhere:
+            entry.owner.free()
+
+
+def _free_all_at_clean_exit() -> None:
+    if getattr(sys, "last_value", None) is None and getattr(sys, "last_exc", None) is None:
+        for entry in list(_HELD):
+            entry.owner.free()
