@@ -74,12 +74,13 @@ def test_torch_ddp_and_mpizero_torch_stages_0_and_1_at_two_micro_batch_counts(tm
     assert roofline.step_bytes("torch-fsdp2", 2, 8) is None  # not modelled: no roofline row
 
 
-def test_deepspeed_stages_1_to_3_accumulate_and_step_once_per_step(tmp_path):
+def test_deepspeed_stages_1_and_3_accumulate_and_step_once_per_step(tmp_path):
+    """Stage 2 differs from 1 only in DeepSpeed's config value, which the worker writes for every stage alike."""
     pytest.importorskip("deepspeed", reason='needs DeepSpeed: pip install -e ".[peers]" after the CPU build of torch')
-    configs = ["deepspeed-1", "deepspeed-2", "deepspeed-3"]
+    configs = ["deepspeed-1", "deepspeed-3"]
     rows, runs, _ = bench(tmp_path, ["--configs", *configs, "--micro-batches", "2"])
     check_runs(rows, runs, configs, [2])
-    assert [r["optimizer_steps"] for r in runs] == [3, 3, 3], runs  # 2 micro-batches, 1 update: 3 steps
+    assert [r["optimizer_steps"] for r in runs] == [3, 3], runs  # 2 micro-batches, 1 update: 3 steps
     assert all(row[1] == "-" for row in rows.values()), rows  # no DDP run: no ratio
 
 
