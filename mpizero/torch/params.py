@@ -10,11 +10,12 @@ Glossary:
   outside forward and backward): an empty tensor, as FSDP1 showed. Reading it
   is safe (``p.sum()`` is 0, ``print(p)`` shows ``tensor([])``), and using it
   in a computation with the parameter's real shape fails loudly; the values
-  are read with ``gathered()`` or ``state_dict()``. Such a parameter's class
-  is a subclass of its own (``counting_class``) whose ``.data`` is then a
-  detached alias sharing its version counter, so that a write through
-  ``.data`` (``p.data.mul_(0.9)``), which would act on no element, is counted
-  and refused at the next step (``edits``) instead of doing nothing unseen.
+  are read with ``gathered()`` or ``state_dict()``. While it shows the
+  placeholder, a parameter's class is a subclass of its own
+  (``counting_class``) whose ``.data`` is a detached alias sharing its version
+  counter, so that a write through ``.data`` (``p.data.mul_(0.9)``), which
+  would act on no element, is counted and refused at the next step
+  (``edits``) instead of doing nothing unseen. Shown, it is its own class.
 
 At stages 0-2 the full params live between steps and every parameter always
 shows its full view. At stage 3 each group's full params exist only between
@@ -35,19 +36,27 @@ from mpizero.torch.tensors import FullParams, as_array, as_tensor
 TORCH_DATA = torch.Tensor.data  # torch's own ``.data`` of every tensor: a fresh alias that counts no write
 
 
-def _data(param):
-    return param.detach() if param.shows_placeholder else TORCH_DATA.__get__(param)
+def _counted_data(param):
+    """The placeholder as a detached alias that shares the parameter's version counter: writes through it count."""
+    return param.detach()
 
 
 def _set_data(param, value) -> None:
+    """Torch's own ``.data =``."""
     TORCH_DATA.__set__(param, value)
 
 
 @functools.cache
 def counting_class(cls: type) -> type:
-    """``cls`` (a parameter class) whose ``.data``, while the parameter shows the placeholder, counts writes."""
-    attributes = {"data": property(_data, _set_data), "shows_placeholder": False, "__module__": __name__}
+    """``cls`` (a parameter class) with a ``.data`` that counts writes: the class of its parameters while they show
+    the placeholder (``_hide``; ``_show`` gives them their own back)."""
+    attributes = {"data": property(_counted_data, _set_data), "shown_class": cls, "__module__": __name__}
     return type(f"Sharded{cls.__name__}", (cls,), attributes)
+
+
+def own_class(param) -> type:
+    """The parameter's own class, whether it shows the placeholder now or not."""
+    return getattr(type(param), "shown_class", type(param))
 
 
 class Binder:
@@ -61,9 +70,6 @@ class Binder:
         self.in_flight: set[int] = set()  # prefetched groups nobody has acquired yet
         self.buffers: list[FullParams] = []
         self.placeholder = torch.empty(0, dtype=torch.float32, device=device)
-        if self.sharded:
-            for param in params.values():
-                param.__class__ = counting_class(type(param))
         if self.sharded or not self.zero_copy:
             for index, group in enumerate(engine.groups):
                 self.buffers.append(FullParams(group.partition.padded_numel, group.xp, device))
@@ -79,14 +85,15 @@ class Binder:
         flat = self.buffers[index].tensor
         for spec in self.engine.groups[index].layout.specs:
             param = self.params[spec.name]
+            param.__class__ = own_class(param)  # torch's own .data again
             param.data = flat[spec.offset : spec.stop].view(spec.shape)
-            param.shows_placeholder = False
 
     def _hide(self, index: int) -> None:
         """Make group ``index``'s parameters the placeholder and free its full params."""
         for name in self.engine.groups[index].layout.names:
-            self.params[name].data = self.placeholder
-            self.params[name].shows_placeholder = True
+            param = self.params[name]
+            param.data = self.placeholder
+            param.__class__ = counting_class(own_class(param))
         self.buffers[index].free()
 
     def refresh(self) -> None:

@@ -1,9 +1,10 @@
 """torch.compile on a sharded model at stages 0-3. Run: mpiexec -n N python -m mpi4py tests/mpi/torch_compile.py
 
-An MLP with dropout, compiled after shard() (stage 3's unit hooks break the graph at each unit), 4 global
-micro-batches a step under ``micro_batch(i)``, torch's AdamW; prints ``digest STAGE HEX`` of the masters on rank 0.
-Compiled kernels may round otherwise than eager ones, and stage 3's graph breaks change what inductor fuses, so
-runs are compared stage by stage across world sizes.
+An MLP with dropout whose first layer also reads its weight through ``.data`` (as monitoring code does; at stage
+3 a parameter's class changes between its uses), compiled after shard() (stage 3's unit hooks break the graph at
+each unit), 4 global micro-batches a step under ``micro_batch(i)``, torch's AdamW; prints ``digest STAGE HEX``
+of the masters on rank 0. Compiled kernels may round otherwise than eager ones, and stage 3's graph breaks
+change what inductor fuses, so runs are compared stage by stage across world sizes.
 """
 
 import hashlib
@@ -17,9 +18,17 @@ from mpizero.torch import shard
 torch.set_num_threads(1)
 comm = MPI.COMM_WORLD
 
+
+class ReadsData(torch.nn.Linear):
+    """A layer whose forward also reads its weight through ``.data`` (at stage 3, while its unit is gathered)."""
+
+    def forward(self, x):
+        return super().forward(x) + self.weight.data.abs().mean()
+
+
 for stage in range(4):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 4))
+    model = torch.nn.Sequential(ReadsData(8, 16), torch.nn.GELU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 4))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     zero = shard(model, optimizer, stage=stage, comm=comm)
     compiled = torch.compile(model)
