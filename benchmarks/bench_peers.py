@@ -343,9 +343,11 @@ def run_config(args, config: str, micro_batches: int) -> dict:
         "MASTER_PORT": "29517",
     }
     # the result comes in a file: a line on stdout, printed just before the worker's os._exit, was sometimes lost
-    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=1200, env=env)
-    written = result_file.read_text() if result_file.exists() else ""
-    shutil.rmtree(result_file.parent)
+    try:
+        done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=1200, env=env)
+        written = result_file.read_text() if result_file.exists() else ""
+    finally:
+        shutil.rmtree(result_file.parent)
     if done.returncode != 0 or not written:
         why = f"exit {done.returncode}" + ("" if written else ", no result written")
         raise SystemExit(f"{config} failed ({why}); its error output is above; stdout:\n{done.stdout}")

@@ -28,7 +28,7 @@ def test_masters_buffers_and_eval_outputs_are_the_same_bytes_at_every_stage_and_
     assert runs[n] == runs[min(runs)], f"-n {n} differs from -n {min(runs)}"
 
 
-@pytest.mark.parametrize("n", [3])  # saved at 2, resumed at 3 (4 ranks: the test above)
+@pytest.mark.parametrize("n", [3])  # one resharding resume: saved at 2 ranks, stage 3; resumed at 3, stage 1
 def test_a_resume_at_another_world_size_and_stage_mid_schedule_equals_the_straight_run(tmp_path_factory, n, runs):
     saved = tmp_path_factory.getbasetemp() / "recipe-checkpoints"
     if not saved.exists():  # saved at -n 2, stage 3, after 4 of the schedule's 8 steps

@@ -36,8 +36,6 @@ _HELD: list[Held] = []
 
 def hold(owner, ranks: tuple[int, ...], watchdog) -> None:
     """List ``owner``'s window, just made on every rank of ``ranks``; ``owner.free()`` calls ``release``."""
-    if not _HELD:
-        atexit.register(_free_all_at_clean_exit)
     _HELD.append(Held(owner, ranks, watchdog))
 
 
@@ -59,12 +57,19 @@ def free_orphans(collectives, ranks: tuple[int, ...]) -> None:
         return
     alive = [float(entry.watchdog.alive) for entry in candidates]
     agreed = collectives.agree(np.array([0.0, *alive]))[1:]  # maxed: alive on any rank
-    for entry, alive_anywhere in zip(candidates, agreed):
-        if not alive_anywhere:
-            entry.owner.free()
+    with collectives.watchdog.waiting("freeing the node-shared windows of engines gone on every rank"):
+        for entry, alive_anywhere in zip(candidates, agreed):
+            if not alive_anywhere:
+                entry.owner.free()
 
 
 def _free_all_at_clean_exit() -> None:
     if getattr(sys, "last_value", None) is None and getattr(sys, "last_exc", None) is None:
         for entry in list(_HELD):
             entry.owner.free()
+
+
+# Registered when this module is first imported, before any engine's notice of its end (``departures``) is:
+# exit handlers run last-registered first, so a rank tells the others it has finished before it waits, unwatched,
+# in these frees (its engines, and their watchdogs, are gone).
+atexit.register(_free_all_at_clean_exit)

@@ -208,9 +208,10 @@ class ZeroEngine:
         or with ``step()``.
         """
         self._begin_step()
-        for index in range(len(self.groups)) if groups is None else groups:
+        indices = range(len(self.groups)) if groups is None else list(groups)
+        for index in indices:
             self._hand_in(index, grads, Keep(keep), can_redo)
-        self._note_held(groups)
+        self._note_held(indices)
         self._sample_held()
 
     def _hand_in(self, index: int, grads: Mapping, keep: Keep, can_redo: bool) -> None:

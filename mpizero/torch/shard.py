@@ -81,7 +81,7 @@ def _grad_ready_of(zero_ref: weakref.ref, name: str, param: torch.nn.Parameter) 
     """A parameter's gradient hook: hand the gradient to its sharded model, if that still exists. Torch keeps
     tensor hooks in C++, where Python's collector cannot see the cycle back through them; a strong reference
     here kept every sharded model (its engine, masters and shared-memory windows) alive until exit. The model
-    holds its sharded model strongly (``habits``), so while the model is in use the hook finds it."""
+    holds its sharded model strongly (``ShardedModel.__init__``), so while the model is in use the hook finds it."""
     zero = zero_ref()
     if zero is not None:
         zero._grad_ready(name, param)
@@ -129,6 +129,7 @@ class ShardedModel:
             self._reduced = False  # this step's gradients were reduced before step() (clip_grad_norm_, gathered)
             self._grad_norm: float | None = None  # ... and clip_grad_norm_() clipped them to this norm
             self._ended: StepResult | None = None  # ... or the step ended there (skipped)
+            model._mpizero_sharded = self  # the model holds its sharded model; the gradient hooks, weakly
             habits.install(self)
             if is_torch_optimizer(self.optimizer):
                 attach(self.optimizer, self)
