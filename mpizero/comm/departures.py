@@ -12,9 +12,10 @@ The notice travels on a duplicate of the communicator, so it never meets the
 program's own messages. A rank finishes once, whatever number of engines it
 made: one ``Departures`` serves every communicator over the same ranks
 (``for_ranks``), so a process with a hundred engines sends one notice per
-group of ranks at exit, not a hundred in turn. It needs ``MPI_THREAD_MULTIPLE`` (mpi4py's default):
-the watchdog's thread sends and receives it while the main thread may be
-blocked inside MPI. Otherwise, and on one rank, there is nothing to do.
+group of ranks at exit, not a hundred in turn. It needs
+``MPI_THREAD_MULTIPLE`` (mpi4py's default): the watchdog's thread sends and
+receives it while the main thread may be blocked inside MPI. Otherwise, and on
+one rank, there is nothing to do.
 """
 
 from __future__ import annotations

@@ -41,7 +41,10 @@ class Watchdog:
         self._current: tuple[str, float] | None = None
         self.departures: Departures | None = None
         if seconds is not None or comm.Get_size() > 1:
-            threading.Thread(target=_watch, args=(weakref.ref(self),), name="mpizero-watchdog", daemon=True).start()
+            pause = POLL if seconds is None else min(POLL, seconds / 4)
+            watch = threading.Thread(target=_watch, args=(weakref.ref(self), pause), name="mpizero-watchdog")
+            watch.daemon = True
+            watch.start()
         with self.waiting("set-up: a communicator for notices of finished ranks"):
             self.departures = for_ranks(comm)
 
@@ -96,19 +99,14 @@ class WeakWatchdog:
         return contextlib.nullcontext() if watchdog is None else watchdog.waiting(op)
 
 
-def _watch(ref: weakref.ref) -> None:
-    """The watchdog's thread: a look every ``POLL`` seconds (or a quarter of the limit), until the watchdog is
-    gone with its engine, so that a process that made many engines does not keep a thread polling for each."""
+def _watch(ref: weakref.ref, pause: float) -> None:
+    """The watchdog's thread: a look every ``pause`` seconds, until the watchdog is gone with its engine, so that a
+    process that made many engines does not keep a thread polling for each."""
     program, heard_at = threading.main_thread(), None
     while True:
-        watchdog = ref()
-        if watchdog is None:
-            return
-        pause = POLL if watchdog.seconds is None else min(POLL, watchdog.seconds / 4)
-        del watchdog
         time.sleep(pause)
         watchdog = ref()
         if watchdog is None:
             return
         heard_at = watchdog.look(program, heard_at)
-        del watchdog
+        del watchdog  # held only while it looks

@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
+from mpi4py import MPI
 
 
 @dataclass(eq=False)
@@ -64,12 +65,13 @@ def free_orphans(collectives, ranks: tuple[int, ...]) -> None:
 
 
 def _free_all_at_clean_exit() -> None:
-    if getattr(sys, "last_value", None) is None and getattr(sys, "last_exc", None) is None:
+    crashed = getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None
+    if not crashed and not MPI.Is_finalized():  # a program that called MPI_Finalize itself can free nothing now
         for entry in list(_HELD):
             entry.owner.free()
 
 
 # Registered when this module is first imported, before any engine's notice of its end (``departures``) is:
 # exit handlers run last-registered first, so a rank tells the others it has finished before it waits, unwatched,
-# in these frees (its engines, and their watchdogs, are gone).
+# in these frees (unwatched where their engines are gone).
 atexit.register(_free_all_at_clean_exit)
