@@ -100,6 +100,53 @@ def test_copies_to_the_host_per_step_grow_only_by_one_per_group_and_backward_pas
     assert copies[2] == 2 * groups + groups + (0 if stage == 3 else 2), copies
 
 
+def closure_of(model, inputs):
+    """A ``step(closure)`` closure: a backward pass per input."""
+
+    def closure():
+        for x in inputs:
+            model(x).sum().backward()
+
+    return closure
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_step_closure_copies_no_counts_back_per_backward_pass(monkeypatch, stage):
+    """A caller that can run the step again holds nothing on a device (``Keep.REDO``): per step only each group's
+    maxima for the agreement and, at stages 0-2, the edit watch's two copies come back, whatever the passes."""
+    import torch
+
+    model, zero = standin_model(monkeypatch, stage)
+    inputs = [torch.full((3, 4), 0.1 * (i + 1)) for i in range(4)]
+    zero.step(closure_of(model, inputs[:2]))  # the first step measures, and runs again
+    copies = {}
+    for passes in (2, 4):
+        bus.COUNTS.clear()
+        assert not zero.step(closure_of(model, inputs[:passes])).redo
+        copies[passes] = bus.COUNTS["d2h"]
+    groups = len(zero.engine.groups)
+    assert copies[4] == copies[2] == groups + (0 if stage == 3 else 2), copies
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_elements_left_out_on_a_device_run_the_step_again_for_the_hosts_bytes(monkeypatch, stage):
+    """A gradient far beyond the scale predicted from the step before: the host holds its left-out elements; the
+    device, holding nothing, runs the step again with the same scales, holding them, and gives the same bytes."""
+    import torch
+
+    small, large = [torch.full((3, 4), 0.01)], [torch.full((3, 4), 0.01), torch.full((3, 4), 1e4)]
+    masters, redone = {}, {}
+    for on_standin in (True, False):
+        model, zero = standin_model(monkeypatch, stage, on_standin=on_standin)
+        for inputs in (small, small, large):
+            zero.step(closure_of(model, inputs))
+        masters[on_standin] = {name: a.tobytes() for name, a in zero.master_params().items()}
+        redone[on_standin] = zero.engine.scales.redone_steps
+        kept = zero.engine.scales.kept_steps
+    assert masters[True] == masters[False]
+    assert kept == 1 and redone == {False: 1, True: 2}, (kept, redone)  # both: the first step's measuring pass
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_the_engines_device_work_is_queued_on_torchs_current_stream(monkeypatch, tmp_path, stage):
     """Every way from torch into the engine (set-up, hooks, step, clipping, gathered, state dicts, save and load)

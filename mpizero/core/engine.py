@@ -83,6 +83,7 @@ class ZeroEngine:
         source = params if sharded or problem is not None else from_arrays(params)  # what fill makes values from
         problem = problem or precision.device_problem(source.device, self.config.param_dtype)
         on_device = problem is None and source.device != "cpu"
+        self.on_device = on_device
         self.collectives = Collectives(self.comm, self.config.watchdog, on_device)
         self.step_count = self.skipped_steps = 0
         self.peak_gathered_groups = 0
@@ -91,6 +92,7 @@ class ZeroEngine:
         self._pending: list[int] = []  # groups whose gradient collective is in flight, oldest first
         self._reduced = False  # finish_reduction() left averaged grads for apply_update()
         self._hyper: tuple | None = None  # this step's optimizer hyper-parameters, read at its first reduction
+        self._holding = self._hold_next_pass = False  # a pass run again because a rank held nothing (Keep.REDO)
         agree.raise_if_any(self.collectives, problem, "bad parameters")
         signature = setup_signature(params, group_names, self.config, self.collectives.paths, self.bound.describe())
         agree.raise_unless_equal(self.collectives, signature)
@@ -203,16 +205,24 @@ class ZeroEngine:
         caller may reuse its arrays) or as the arrays themselves
         (``"reference"``). ``can_redo``: the caller can hand the step's gradients
         in again (as ``step(closure)`` and the trainer can), so a step with no
-        prediction yet only measures them, holding nothing, and says ``redo``.
+        prediction yet only measures them, holding nothing, and says ``redo``; on a
+        device such a caller holds nothing at all (``_keep_mode``).
         End the step with ``start_reduce`` for every group and ``finish_step``,
         or with ``step()``.
         """
         self._begin_step()
         indices = range(len(self.groups)) if groups is None else list(groups)
         for index in indices:
-            self._hand_in(index, grads, Keep(keep), can_redo)
+            self._hand_in(index, grads, self._keep_mode(keep, can_redo), can_redo)
         self._note_held(indices)
         self._sample_held()
+
+    def _keep_mode(self, keep: str, can_redo: bool) -> Keep:
+        """How to hold what a contribution's stream leaves out: as the caller says, except that on a device a caller
+        that can redo the step holds nothing (``Keep.REDO``), so that no backward copies its left-out counts back;
+        a pass with elements left out then runs again with the same scales, holding them, for the same bits."""
+        redo = self.on_device and can_redo and not self._holding
+        return Keep.REDO if redo else Keep(keep)
 
     def _hand_in(self, index: int, grads: Mapping, keep: Keep, can_redo: bool) -> None:
         """Stream one contribution's tensors of group ``index`` into its local grads, and tally them."""
@@ -222,11 +232,12 @@ class ZeroEngine:
         if tally.check(grads, self.names):
             gradients = self.groups[index].gradients
             found = gradients.accumulate(self.reduction, grads, self.scales.used[index], keep, can_redo)
-            self._record(tally, index, found, can_redo)
+            self._record(tally, index, found, can_redo, keep)
 
-    def _record(self, tally, index: int, found, can_redo: bool) -> None:
+    def _record(self, tally, index: int, found, can_redo: bool, keep: Keep) -> None:
         tally.record(*found)
         tally.measured |= can_redo and not self.scales.streams(index)
+        tally.unheld |= keep is Keep.REDO
 
     def reduce_round(self, index: int, grads: Mapping | None, keep: str = "copy", can_redo: bool = False) -> None:
         """Reduce-scatter one round of group ``index`` into its streamed sum now, as DeepSpeed and FSDP do.
@@ -246,11 +257,12 @@ class ZeroEngine:
             tally.note(f"reduce_round({index}) after accumulate for that group in the same step")
         usable = grads is not None and tally.check(grads, self.names)
         self.collectives.watchdog.context = f"step {self.step_number}, round of group {index}"
+        mode = self._keep_mode(keep, can_redo)
         found = group.gradients.reduce_round(
-            self.collectives, self.reduction, grads if usable else None, self.scales.used[index], Keep(keep), can_redo
+            self.collectives, self.reduction, grads if usable else None, self.scales.used[index], mode, can_redo
         )
         if found is not None:
-            self._record(tally, index, found, can_redo)
+            self._record(tally, index, found, can_redo, mode)
         self._note_held([index])
         self._sample_held()
 
@@ -269,7 +281,7 @@ class ZeroEngine:
         self.collectives.watchdog.context = f"step {self.step_number}, group {index}"
         agreed = self.collectives.agree(tally.agreement_row(self._read_hyper(tally)))
         count, problem, measured, digest, negated = agreed[:FIXED_FIELDS]
-        kept, maxima = agreed[FIXED_FIELDS:].reshape(2, -1)  # per tensor: any rank kept elements; the maximum
+        kept, maxima = agreed[FIXED_FIELDS:].reshape(2, -1)  # per tensor: any rank kept elements (2: not held)
         if problem:
             self._end_step()
             agree.raise_if_any(self.collectives, tally.problem, f"step {self.step_number}")
@@ -283,8 +295,10 @@ class ZeroEngine:
             flags = self.collectives.allgather_object(not np.isfinite(tally.maxima).all(), "non-finite flags")
             self._skip(f"non-finite gradient in group {index} on ranks {[r for r, bad in enumerate(flags) if bad]}")
             return
+        unheld = bool((kept > 1).any())  # left out where a rank held nothing (Keep.REDO): again, holding
+        self._hold_next_pass |= unheld
         try:
-            self.scales.choose(index, maxima, int(count), kept > 0, bool(measured))
+            self.scales.choose(index, maxima, int(count), kept > 0, bool(measured) or unheld)
         except OverflowError as error:  # every rank computes the same scales, so every rank gets here
             self._end_step()
             raise agree.ZeroError(f"step {self.step_number}: {error}") from None
@@ -407,6 +421,7 @@ class ZeroEngine:
         """At a step's first call: fresh tallies, and the scales this pass encodes with (predicted, or forced)."""
         if not self._tracker.begin():
             return
+        self._holding, self._hold_next_pass = self._hold_next_pass, False
         self._tallies = [GroupTally(g.layout.specs, g.xp) for g in self.groups]
         self._hyper = None
         self.scales.begin()

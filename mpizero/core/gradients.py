@@ -35,6 +35,7 @@ class Keep(enum.Enum):
 
     COPY = "copy"  # the caller may write its arrays again: hold a copy
     REFERENCE = "reference"  # the caller gives its arrays up: hold them
+    REDO = "redo"  # hold nothing: an element left out makes the step run again, holding (the caller can redo)
 
 
 class GroupGradients:
@@ -135,7 +136,10 @@ class GroupGradients:
         """Hold the arrays whose elements the stream left out (only those elements are encoded from them later);
         with ``measure``, a tensor with no prediction is only measured (the step will be redone). On a device the
         counts come back in one copy, and what is held is held in host memory: the run's first step holds every
-        contribution, which the device's memory is not sized for."""
+        contribution, which the device's memory is not sized for. ``Keep.REDO`` holds nothing and copies nothing
+        back: the counts stay on the device until the step's agreement."""
+        if keep is Keep.REDO:
+            return
         on_device = self.xp is not np
         outside = read_back(outside) if on_device else outside
         for index, (spec, prediction, left_out) in enumerate(zip(self.layout.specs, predictions, outside)):

@@ -30,6 +30,7 @@ class GroupTally:
         self.kept = [False] * len(specs)
         self.pending: list = []  # device scalars (top, outside) of contributions not yet copied to the host
         self.measured = False  # a contribution was only measured (``Engine.accumulate(keep=False)``)
+        self.unheld = False  # a contribution's left-out elements were not held (``Keep.REDO``)
         self.problem: str | None = None
 
     def check(self, grads, known_names) -> bool:
@@ -73,10 +74,12 @@ class GroupTally:
 
     def agreement_row(self, digest: float) -> np.ndarray:
         """``(count, problem, measured, digest, -digest, kept per tensor, maximum per tensor)``: what
-        ``Collectives.agree`` sums (the count) and maxes (the rest)."""
+        ``Collectives.agree`` sums (the count) and maxes (the rest). Kept is 1 where this rank held what was left
+        out, 2 where it did not (``unheld``): the step must then run again."""
         maxima = self.maxima
         fixed = [self.count, self.problem is not None, self.measured, digest, -digest]
-        return np.array([*fixed, *self.kept, *maxima], dtype=np.float64)
+        kept = [(2.0 if self.unheld else 1.0) * k for k in self.kept]
+        return np.array([*fixed, *kept, *maxima], dtype=np.float64)
 
 
 def contribution_problem(grads, specs, known_names, index: int, xp) -> str | None:
