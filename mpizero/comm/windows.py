@@ -42,7 +42,7 @@ def hold(owner, ranks: tuple[int, ...], watchdog) -> None:
 
 def release(owner) -> None:
     """``owner``'s window was freed (on every rank)."""
-    _HELD[:] = [held for held in _HELD if held.owner is not owner]
+    _HELD[:] = [entry for entry in _HELD if entry.owner is not owner]
 
 
 def held(ranks: tuple[int, ...]) -> list[Held]:

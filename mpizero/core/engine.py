@@ -108,8 +108,7 @@ class ZeroEngine:
         self._tracker = StepTracker(len(self.groups))
         tensors = [[s.name for s in g.layout.specs] for g in self.groups]
         self.scales = scales.StepScales(tensors, self.reduction, self.config.scale_headroom)
-        self._note_held()
-        self._sample_held()
+        self._sample_after()
 
     # Parameters -----------------------------------------------------------
 
@@ -138,8 +137,7 @@ class ZeroEngine:
         if group.plan.gathers_params:
             self._gathered.add(index)
             self.peak_gathered_groups = max(self.peak_gathered_groups, len(self._gathered))
-        self._note_held([index])
-        self._sample_held()
+        self._sample_after([index])
         return group.views() if group.state is ParamState.UNSHARDED else {}
 
     def full_params(self, index: int):
@@ -162,8 +160,10 @@ class ZeroEngine:
         for index in range(len(self.groups)) if indices is None else indices:
             self.memory_log.note(index, self.groups[index].memory())
 
-    def _sample_held(self) -> None:
-        """One sample of the bytes held now: the groups' as last noted, and the communicator's."""
+    def _sample_after(self, indices: Iterable[int] | None = None) -> None:
+        """``_note_held(indices)``, then one sample of the bytes held now: the groups' as noted, and the
+        communicator's."""
+        self._note_held(indices)
         self.memory_log.sample({"comm": self.collectives.held_bytes})
 
     # Gradients and updates ------------------------------------------------
@@ -214,8 +214,7 @@ class ZeroEngine:
         indices = range(len(self.groups)) if groups is None else list(groups)
         for index in indices:
             self._hand_in(index, grads, self._keep_mode(keep, can_redo), can_redo)
-        self._note_held(indices)
-        self._sample_held()
+        self._sample_after(indices)
 
     def _keep_mode(self, keep: str, can_redo: bool) -> Keep:
         """How to hold what a contribution's stream leaves out: as the caller says, except that on a device a caller
@@ -263,8 +262,7 @@ class ZeroEngine:
         )
         if found is not None:
             self._record(tally, index, found, can_redo, mode)
-        self._note_held([index])
-        self._sample_held()
+        self._sample_after([index])
 
     def start_reduce(self, index: int, contributions: Sequence[Mapping] = ()) -> None:
         """End group ``index``'s part of the step: agree with every rank on its count, maxima, kept elements and
@@ -307,8 +305,7 @@ class ZeroEngine:
         gradients = self.groups[index].gradients
         gradients.start_reduce(self.collectives, self.reduction, not self.config.overlap, self.scales.streams(index))
         self._pending.append(index)
-        self._note_held([index])
-        self._sample_held()
+        self._sample_after([index])
         while len(self._pending) > IN_FLIGHT:  # finish the oldest: its int64 buffers go before the next arrive
             self._finish_reduce(self._pending.pop(0))
 
