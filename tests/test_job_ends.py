@@ -4,6 +4,7 @@ the whole job within seconds, with one line that names the rank."""
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -86,3 +87,19 @@ def test_a_process_that_makes_many_engines_shares_one_notice_and_keeps_no_idle_w
     last = "threads after 0; shared True; windows 1 per engine, 1 left"  # the last engine's, until exit
     expected = [f"rank {r}: watched while an engine lived {watched}, {last}" for r in range(n)]
     assert lines == expected, out.stdout
+
+
+@pytest.mark.parametrize("how", ["finalized", "abort-never-returns"])
+def test_ending_the_job_exits_with_its_status_whatever_mpi_can_still_do(how):
+    """``end_job`` ends the process with its status after ``MPI_Finalize`` (no abort possible), and within its
+    fallback time when the abort itself does not end it."""
+    setup = {
+        "finalized": "MPI.Finalize()",
+        "abort-never-returns": "stuck = SimpleNamespace(Is_initialized=lambda: True, Is_finalized=lambda: False, "
+        "Abort=lambda _: time.sleep(3600)); stuck.COMM_WORLD = ending.MPI = stuck; ending.ABORT_SECONDS = 0.5",
+    }[how]
+    imports = "import time; from types import SimpleNamespace; from mpi4py import MPI; from mpizero.comm import ending"
+    code = f"{imports}; {setup}; ending.end_job(7)"
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 7 and time.monotonic() - start < 30, done.stderr

@@ -4,8 +4,8 @@ Python runs a signal handler only between bytecodes of the main thread, so a
 rank blocked inside an MPI call would take SIGINT only when the call returns,
 and a rank that did take it would leave without ``MPI_Abort`` while the others
 wait for it. Here the signal reaches a thread instead, through
-``signal.set_wakeup_fd``, which ends the process at once (status 130, as a
-shell reports SIGINT); the launcher then ends the other ranks.
+``signal.set_wakeup_fd``, which ends the job at once (status 130, as a shell
+reports SIGINT) through ``ending``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import os
 import signal
 import sys
 import threading
+
+from mpizero.comm.ending import end_job
 
 EXIT_STATUS = 128 + signal.SIGINT
 
@@ -31,4 +33,4 @@ def _end_when_interrupted(read: int, rank: int) -> None:
     while signal.SIGINT not in os.read(read, 64):
         pass
     print(f"mpizero: rank {rank}: interrupted (SIGINT); ending the job", file=sys.stderr, flush=True)
-    os._exit(EXIT_STATUS)
+    end_job(EXIT_STATUS)

@@ -2,9 +2,9 @@
 
 Each rank watches its own waits, from a thread that runs whatever the main
 thread is blocked in. When one collective has waited ``seconds``, the rank
-prints ``rank R: waited S s in OP (CONTEXT)`` and exits with status 3;
-``mpiexec`` then ends the other ranks, which print their own lines if they were
-waiting too. The time limit is off unless ``seconds`` is set.
+prints ``rank R: waited S s in OP (CONTEXT)`` and ends the job with status 3
+(``ending``); the other ranks print their own lines if they were waiting too.
+The time limit is off unless ``seconds`` is set.
 
 A wait that has lasted ``GRACE`` seconds while another rank is known to have
 finished (``departures``) can never end: it ends the job at once, naming that
@@ -16,7 +16,6 @@ left to the time limit; the thread then hands on this rank's own notice.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
@@ -25,6 +24,7 @@ import weakref
 from mpi4py import MPI
 
 from mpizero.comm.departures import Departures, for_ranks
+from mpizero.comm.ending import end_job
 
 EXIT_STATUS = 3
 GRACE = 2.0
@@ -78,7 +78,9 @@ class Watchdog:
 
     def _end(self, why: str) -> None:
         print(f"mpizero watchdog: rank {self.rank}: {why}; ending the job", file=sys.stderr, flush=True)
-        os._exit(EXIT_STATUS)
+        if self.departures is not None:
+            self.departures.leave()  # the next rank hears of it at once, whatever the launcher does
+        end_job(EXIT_STATUS)
 
 
 class WeakWatchdog:
