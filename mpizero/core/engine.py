@@ -31,7 +31,7 @@ from mpizero.core.optim import BoundOptimizer
 from mpizero.core.optim import groups as optim_groups
 from mpizero.core.reduce import norm, scales
 from mpizero.core.reduce.reduction import REDUCTIONS
-from mpizero.core.reduce.tally import FIXED_FIELDS, GroupTally
+from mpizero.core.reduce.tally import FIXED_FIELDS, GroupTally, settle_pending
 from mpizero.core.signature import params_problem, setup_signature
 from mpizero.core.stages import GradientCollective
 from mpizero.core.step import StepOrderError, StepState, StepTracker
@@ -277,6 +277,7 @@ class ZeroEngine:
         for grads in contributions:
             self._hand_in(index, grads, Keep.REFERENCE, can_redo=False)
         self.collectives.watchdog.context = f"step {self.step_number}, group {index}"
+        settle_pending(self._tallies)  # every group's device maxima so far, in one copy
         agreed = self.collectives.agree(tally.agreement_row(self._read_hyper(tally)))
         count, problem, measured, digest, negated = agreed[:FIXED_FIELDS]
         kept, maxima = agreed[FIXED_FIELDS:].reshape(2, -1)  # per tensor: any rank kept elements (2: not held)

@@ -60,17 +60,8 @@ class GroupTally:
     @property
     def maxima(self) -> np.ndarray:
         """This rank's largest magnitude per tensor (inf where a NaN or Inf was seen)."""
-        self._settle_pending()
+        settle_pending([self])
         return np.array([magnitude_of_bits(bits) for bits in self.top_bits], dtype=np.float64)
-
-    def _settle_pending(self) -> None:
-        """Copy every contribution's device maxima to the host in one transfer."""
-        if self.pending:
-            values = read_back([v for tops, outside in self.pending for v in (*tops, *outside)])
-            width = 2 * len(self.specs)
-            for start in range(0, len(values), width):
-                self._fold(values[start : start + len(self.specs)], values[start + len(self.specs) : start + width])
-            self.pending = []
 
     def agreement_row(self, digest: float) -> np.ndarray:
         """``(count, problem, measured, digest, -digest, kept per tensor, maximum per tensor)``: what
@@ -80,6 +71,20 @@ class GroupTally:
         fixed = [self.count, self.problem is not None, self.measured, digest, -digest]
         kept = [(2.0 if self.unheld else 1.0) * k for k in self.kept]
         return np.array([*fixed, *kept, *maxima], dtype=np.float64)
+
+
+def settle_pending(tallies) -> None:
+    """Copy the device maxima and counts of every contribution the ``tallies`` hold to the host in one transfer:
+    the step's first agreement takes every group's, not one copy per group."""
+    waiting = [tally for tally in tallies if tally.pending]
+    if not waiting:
+        return
+    values = iter(read_back([v for tally in waiting for tops, outside in tally.pending for v in (*tops, *outside)]))
+    for tally in waiting:
+        for _ in tally.pending:
+            tops = [next(values) for _ in tally.specs]
+            tally._fold(tops, [next(values) for _ in tally.specs])
+        tally.pending = []
 
 
 def contribution_problem(grads, specs, known_names, index: int, xp) -> str | None:
