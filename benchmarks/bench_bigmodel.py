@@ -2,6 +2,8 @@
 
 Run: python benchmarks/bench_bigmodel.py   (0.5B parameters: minutes, about 12 GiB over 4 ranks)
      python benchmarks/bench_bigmodel.py --model mlp --width 2048 --layers 12 --cap-mib 896   (the test's size)
+     python benchmarks/bench_bigmodel.py --width 2560 --layers 25 --cap-mib 6144 --offload-dir /var/tmp/off
+       (2B parameters, the optimizer states on disk: the in-memory run cannot even be set up at -n 4)
 Every rank's address space is capped (tests/mpi/capped.py sets RLIMIT_AS) below
 what one rank needs for the model's fp32 parameters and Adam state. The model is
 built from a ShardedInit (``philox_normal``), so no rank ever makes the whole
@@ -49,6 +51,12 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=1, help="samples per micro-batch")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=900, help="seconds for each mpiexec run")
+    parser.add_argument(
+        "--offload-dir",
+        default=None,
+        help="keep the master, optimizer and grad shards in files here (offload='disk'); the proof is "
+        "then that the in-memory run fails at -n RANKS under the cap",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -81,10 +89,18 @@ def worker(args) -> None:
     spec, data, model = model_of(args)
     groups = make_groups(model, STAGE, DEFAULT_BUCKET_ELEMS)
     base_rss, base_vm, start = peak_rss_bytes(), vm_bytes("VmSize"), time.perf_counter()
+    offloaded = {"offload": "disk", "offload_dir": args.offload_dir} if args.offload_dir else {}
     engine = ZeroEngine(
-        initializer(param_shapes(model), args.seed), AdamW(lr=1e-3), comm=comm, groups=groups, stage=STAGE
+        initializer(param_shapes(model), args.seed),
+        AdamW(lr=1e-3),
+        comm=comm,
+        groups=groups,
+        stage=STAGE,
+        **offloaded,
     )
     setup_s, setup_rss = time.perf_counter() - start, peak_rss_bytes()
+    files = [g.store for g in engine.groups if g.store is not None]
+    io_before = [sum(getattr(f, k) for f in files) for k in ("read_bytes", "written_bytes", "io_seconds")]
     trainer = Trainer(model, engine, PRECISIONS["fp32"])
     losses, start = [], time.perf_counter()
     for step in progress(range(1, args.steps + 1), "bench_bigmodel steps", show=comm.Get_rank() == 0):  # stderr
@@ -104,6 +120,10 @@ def worker(args) -> None:
         "initial": engine.initial_digest,
         "final": engine.master_digest(),
         "losses": losses,
+        **{
+            k: (sum(getattr(f, k) for f in files) - before) / args.steps
+            for k, before in zip(("read_bytes", "written_bytes", "io_seconds"), io_before)
+        },
     }
     rows = engine.collectives.gather_object(row, "the benchmark's rows")
     for row in rows or ():  # rank 0 prints every rank's line, so lines never interleave
@@ -118,14 +138,16 @@ def vm_bytes(field: str) -> int:
     return next((int(line.split()[1]) * 1024 for line in lines if line.startswith(f"{field}:")), 0)
 
 
-def run(args, ranks: int, read_stderr: bool) -> subprocess.CompletedProcess:
-    """The worker under ``mpiexec -n ranks``, each rank capped at ``--cap-mib``; stderr read, or left to the
-    terminal (for the worker's progress lines)."""
+def run(args, ranks: int, read_stderr: bool, offloaded: bool = False) -> subprocess.CompletedProcess:
+    """The worker under ``mpiexec -n ranks``, each rank capped at ``--cap-mib`` (offloaded, or not); stderr read, or
+    left to the terminal (for the worker's progress lines)."""
     command = python_under_mpiexec(
         ranks, "-m", "mpi4py", str(CAPPED), str(args.cap_mib), str(Path(__file__).resolve()), "--worker"
     )
     for flag in ("model", "width", "layers", "heads", "block_size", "steps", "micro_batches", "batch", "seed"):
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    if offloaded:
+        command += ["--offload-dir", args.offload_dir]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     stderr = subprocess.PIPE if read_stderr else None
     return subprocess.run(
@@ -133,18 +155,22 @@ def run(args, ranks: int, read_stderr: bool) -> subprocess.CompletedProcess:
     )
 
 
-def predicted(spec, data, ranks: int) -> dict[str, int]:
+def predicted(spec, data, ranks: int, offloaded: bool, capped: bool = True) -> dict[str, int]:
     """The estimator's bytes per rank at stage 3: the states held between steps; and the engine's peak in a step,
-    which adds two gathered units (the trainer prefetches the next), the shared arena of the largest unit's
-    gradients, and the int64 grad-shard sums of the groups whose reduction is still open (``IN_FLIGHT`` + 1)."""
+    which adds two gathered units (the trainer prefetches the next), one round's int64 buffer of the largest
+    unit, the int64 grad-shard sums of the groups whose reduction is still open (``IN_FLIGHT`` + 1), the owner
+    sums unless ``capped`` (under an address-space cap they are off) and, offloaded, the states an update reads in
+    at once; and, offloaded, the bytes on disk."""
     units = spec.unit_runs(data)
     setup = dict(formula_setups(units, ranks, "fp32", "exact", "adamw", DEFAULT_BUCKET_ELEMS))[STAGE]
-    setup = dataclasses.replace(setup, shared_memory=True)
-    held = formulas.engine_bytes(setup)
+    setup = dataclasses.replace(setup, shared_memory=not capped, offloaded=offloaded)
+    held, on_disk = formulas.engine_bytes(setup), formulas.offload_bytes(setup)
     states = sum(held[k] for k in ("params", "grads", "master", "optimizer"))
     largest = max(setup.partitions(), key=lambda p: p.padded_numel)
-    in_step = 2 * 4 * largest.padded_numel + (IN_FLIGHT + 1) * setup.wire_bytes * largest.shard_numel
-    return {"states": states, "peak": states + held["comm"] + in_step}
+    wire = setup.wire_bytes
+    in_step = (2 * 4 + wire) * largest.padded_numel + (IN_FLIGHT + 1) * wire * largest.shard_numel
+    read_in = on_disk["in_memory_peak"] if offloaded else 0
+    return {"states": states, "peak": states + held["comm"] + in_step + read_in, "disk": on_disk["disk"]}
 
 
 def main() -> None:
@@ -153,28 +179,40 @@ def main() -> None:
         return worker(args)
     spec, data, model = model_of(args)
     numel = sum(math.prod(s) for s in param_shapes(model).values())
-    cap = args.cap_mib * 2**20
+    cap, offloaded = args.cap_mib * 2**20, bool(args.offload_dir)
     print(
         f"{args.model} width {args.width}, {args.layers} layers: {numel:,} parameters, stage {STAGE}, fp32, AdamW, "
         f"exact reduction; address space capped at {format_bytes(cap)} per rank"
+        + (f"; master, optimizer and grad shards offloaded to {args.offload_dir}" if offloaded else "")
     )
     print(f"fp32 params + Adam state of the whole model: {format_bytes(16 * numel)} (what one rank would need)")
+    if offloaded:
+        layers, most = largest_in_memory(args)
+        print(
+            f"the largest of this shape whose in-memory peak (estimator) fits this machine's "
+            f"{format_bytes(memory_total())} at -n {args.ranks}: {layers} layers, {most:,} parameters "
+            f"({numel / most:.2f} x smaller than this one)"
+        )
+        print(f"dd on {args.offload_dir}: {disk_bandwidth(args.offload_dir)}")
+    failing = args.ranks if offloaded else 1  # offloaded: the in-memory run fails even on every rank
     start = time.perf_counter()
-    alone = run(args, 1, read_stderr=True)  # its out-of-memory message is shown below
+    alone = run(args, failing, read_stderr=True)  # its out-of-memory message is shown below
     failed = alone.returncode != 0 and "out of memory" in alone.stderr
     message = next((line for line in alone.stderr.splitlines() if "out of memory" in line), alone.stderr[-300:])
     print(
-        f"-n 1 under the cap: {'fails' if failed else 'DID NOT FAIL'} ({time.perf_counter() - start:.0f} s): {message}"
+        f"-n {failing} in memory under the cap: {'fails' if failed else 'DID NOT FAIL'} "
+        f"({time.perf_counter() - start:.0f} s): {message}"
     )
     start = time.perf_counter()
-    done = run(args, args.ranks, read_stderr=False)
+    done = run(args, args.ranks, read_stderr=False, offloaded=offloaded)
     if done.returncode != 0:
         sys.exit(f"-n {args.ranks} failed (exit {done.returncode}); its error output is above:\n{done.stdout}")
     rows = sorted(
         (json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")), key=lambda r: r["rank"]
     )
-    guess = predicted(spec, data, args.ranks)
-    print(f"-n {args.ranks} under the cap: trained {args.steps} steps in {time.perf_counter() - start:.0f} s")
+    guess = predicted(spec, data, args.ranks, offloaded)
+    how = "offloaded" if offloaded else "in memory"
+    print(f"-n {args.ranks} {how} under the cap: trained {args.steps} steps in {time.perf_counter() - start:.0f} s")
     header = (
         "rank",
         "RSS before",
@@ -193,7 +231,47 @@ def main() -> None:
         print(f"{row['rank']:>4} " + " ".join(f"{format_bytes(c):>{w}}" for c, w in zip(cells, widths)))
     first = rows[0]
     print(f"set-up {first['setup_s']:.1f} s, {first['step_s']:.1f} s per step; losses {first['losses']}")
+    if offloaded:
+        read, written = (sum(r[k] for r in rows) for k in ("read_bytes", "written_bytes"))
+        busiest = max(r["io_seconds"] for r in rows)
+        print(
+            f"on disk: {format_bytes(guess['disk'])} per rank (estimator); per step, all ranks: read "
+            f"{format_bytes(read)}, wrote {format_bytes(written)} ({(read + written) / first['params']:.1f} bytes per "
+            f"parameter); the busiest rank's reads and writes took {busiest:.1f} s of the step's "
+            f"{first['step_s']:.1f} s: {format_bytes((read + written) / busiest)}/s over all ranks while it did"
+        )
     print(f"initial digest {first['initial']}, final digest {first['final']}")
+
+
+def largest_in_memory(args) -> tuple[int, int]:
+    """The most layers (and their parameters) of ``args``' width whose in-memory peak per rank (``predicted``, with
+    no cap: owner sums on) times the ranks fits in the machine's memory."""
+    room, layers, most = memory_total(), 0, 0
+    while True:
+        spec, data, model = model_of(argparse.Namespace(**{**vars(args), "layers": layers + 1}))
+        if predicted(spec, data, args.ranks, offloaded=False, capped=False)["peak"] * args.ranks > room:
+            return layers, most
+        layers, most = layers + 1, sum(math.prod(s) for s in param_shapes(model).values())
+
+
+def memory_total() -> int:
+    """The machine's memory (``MemTotal``), in bytes."""
+    line = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal:"))
+    return int(line.split()[1]) * 1024
+
+
+def disk_bandwidth(directory: str) -> str:
+    """``dd``'s write and read speed of 2 GiB in ``directory``, bypassing the page cache (``direct``)."""
+    path = os.path.join(directory, "dd-probe")
+    speeds = []
+    for dd in (
+        ["dd", "if=/dev/zero", f"of={path}", "bs=16M", "count=128", "oflag=direct", "conv=fsync"],
+        ["dd", f"if={path}", "of=/dev/null", "bs=16M", "iflag=direct"],
+    ):
+        done = subprocess.run(dd, capture_output=True, text=True, check=True)
+        speeds.append(done.stderr.strip().splitlines()[-1].rsplit(",", 1)[-1].strip())
+    os.remove(path)
+    return f"write {speeds[0]}, read {speeds[1]} (2 GiB, O_DIRECT)"
 
 
 if __name__ == "__main__":

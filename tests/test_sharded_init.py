@@ -45,11 +45,12 @@ def test_set_up_at_stage_3_holds_about_one_nth_of_the_model():
     for row in sharded:
         assert sum(row["engine"].values()) == 4 * model / 4, row
         assert row["growth"] < 4 * model / 4 + piece + slack, row
-    # one rank's zeroed grad and Adam shards are not all resident at set-up: it grows about 3x a quarter's
-    assert alone[0]["growth"] > 2.5 * max(row["growth"] for row in sharded), (alone, sharded)
+    # the zeroed grad and Adam shards are not resident at set-up (zeros, allocated lazily): one rank alone holds
+    # the whole model's params, each of four ranks a quarter of them and one tensor piece
+    assert max(row["growth"] for row in sharded) < model < alone[0]["growth"], (alone, sharded)
     for row in arrays:
-        # the caller's arrays on top; the engine's zeroed grad and Adam shards are not all resident yet there
-        assert row["growth"] > model + min(r["growth"] for r in sharded) * 0.75, (row, sharded)
+        # the caller's whole model on top (all but the quarter the engine keeps, which the sharded rank holds too)
+        assert row["growth"] > max(r["growth"] for r in sharded) + model / 2, (row, sharded)
 
 
 def test_train_at_stage_3_never_holds_the_whole_model_and_matches_one_rank(tmp_path):

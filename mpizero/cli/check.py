@@ -18,6 +18,7 @@ from mpizero.errors import ZeroError
 
 OUTPUTS: dict = {}
 OUTPUT_DIRS: dict = {}
+WORK_DIRS: dict[str, str] = {}
 INPUTS: dict = {}
 
 

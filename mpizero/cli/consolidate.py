@@ -34,6 +34,7 @@ def check(args, world_size: int) -> None:
 OUTPUTS = {"output": "output"}
 INPUTS = {"checkpoint": "checkpoint"}
 OUTPUT_DIRS: dict[str, str] = {}
+WORK_DIRS: dict[str, str] = {}
 
 
 def run(args, comm) -> int:

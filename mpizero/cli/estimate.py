@@ -11,6 +11,7 @@ one checkpoint save writes and what a reshard onto 3/4 of the ranks reads: ``est
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from mpizero.checkpoint import scale
 from mpizero.cli import options
@@ -24,6 +25,7 @@ from mpizero.training.runs import group_runs
 OUTPUTS: dict[str, str] = {}
 INPUTS: dict[str, str] = {}
 OUTPUT_DIRS: dict[str, str] = {}
+WORK_DIRS: dict[str, str] = {}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,14 +42,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scale", action="store_true", help="with --model: calls, bytes per step and checkpoint files per stage"
     )
+    parser.add_argument(
+        "--offload",
+        action="store_true",
+        help="with --model: the master, optimizer and grad shards on disk (train --offload-dir): bytes in memory "
+        "and on disk per stage, and the largest model of this shape --ram and --disk hold",
+    )
+    parser.add_argument(
+        "--ram", type=options.number(0, above=True), default=None, help="with --offload: bytes of memory, all ranks"
+    )
+    parser.add_argument(
+        "--disk", type=options.number(0, above=True), default=None, help="with --offload: bytes of disk, all ranks"
+    )
 
 
 def check(args, world_size: int) -> None:
     """Raise a ZeroError unless there is something to estimate, at sizes the model can have."""
     if args.params is None and args.model is None:
         raise ZeroError("give --params PSI (the paper's formulas) or --model NAME (mpizero's buffers), or both")
-    if args.scale and args.model is None:
-        raise ZeroError("--scale needs --model NAME: the groups and tensors it counts come from the model")
+    for flag in ("scale", "offload"):
+        if getattr(args, flag) and args.model is None:
+            raise ZeroError(f"--{flag} needs --model NAME: the groups and tensors it counts come from the model")
+    if (args.ram or args.disk) and not args.offload:
+        raise ZeroError("--ram and --disk go with --offload")
     if args.model is not None:
         options.raise_problems(options.model_problems(args))
 
@@ -61,6 +78,8 @@ def run(args, comm) -> int:
         print_model_table(args)
     if args.scale:
         print_scale_table(args)
+    if args.offload:
+        print_offload_table(args)
     return 0
 
 
@@ -82,6 +101,25 @@ def print_model_table(args) -> None:
         traffic = sum(formulas.traffic_per_step(setup, rounds).values())
         cells = "".join(f"{format_bytes(held[k]):>12}" for k in kinds)
         print(f"{stage:<6}{cells}{format_bytes(states):>12}{format_bytes(traffic):>14}")
+
+
+def print_offload_table(args) -> None:
+    """Per stage, offloaded: bytes per rank in memory between steps (``engine_bytes``), the most an update reads in
+    at once, and on disk; per parameter over all ranks, in memory and on disk; and how many parameters of this
+    shape ``--ram`` and ``--disk`` hold (model states only: add the activations and transient buffers)."""
+    task = entry(args.model, Size.of(args))
+    numel = sum(sum(unit.tensors) * unit.count for unit in task.unit_runs(task.load()))
+    print(f"offloaded (train --offload-dir), {args.ranks} ranks, {numel:,} parameters: bytes per rank")
+    columns = ("in memory", "update reads", "on disk", "memory/param", "disk/param", "fits")
+    print(f"{'stage':<6}" + "".join(f"{c:>14}" for c in columns))
+    for stage, setup in options.model_setups(args):
+        setup = dataclasses.replace(setup, offloaded=True)
+        in_memory, on_disk = sum(formulas.engine_bytes(setup).values()), formulas.offload_bytes(setup)
+        per_param = [(b * args.ranks) / numel for b in (in_memory + on_disk["in_memory_peak"], on_disk["disk"])]
+        limits = [room / cost for room, cost in zip((args.ram, args.disk), per_param) if room and cost]
+        cells = [format_bytes(b) for b in (in_memory, on_disk["in_memory_peak"], on_disk["disk"])]
+        cells += [f"{b:.1f} B" for b in per_param] + [f"{min(limits):.3g}" if limits else "-"]
+        print(f"{stage:<6}" + "".join(f"{c:>14}" for c in cells))
 
 
 def print_scale_table(args) -> None:

@@ -29,7 +29,8 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 
 # Each command module has: add_arguments(parser), check(args, world_size) (raises ZeroError and fills in
 # defaults that depend on the world size), OUTPUTS ({dest: flag} of files rank 0 writes), OUTPUT_DIRS (checkpoint
-# directories it writes into), INPUTS (checkpoints it reads, which no output may overwrite) and run(args, comm).
+# directories it writes into), WORK_DIRS (directories every rank keeps its own files in while it runs: the disk
+# tier's), INPUTS (checkpoints it reads, which no output may overwrite) and run(args, comm).
 COMMANDS = {
     "example": example,
     "verify": verify,
@@ -80,9 +81,14 @@ def make_parser() -> Parser:
 def check_paths(args, module, collectives) -> None:
     """Raise on every rank unless rank 0 can write every output the flags name without clobbering a checkpoint,
     an input or another output."""
-    tables = {"outputs": module.OUTPUTS, "inputs": module.INPUTS, "directories": module.OUTPUT_DIRS}
+    tables = {
+        "outputs": module.OUTPUTS,
+        "inputs": module.INPUTS,
+        "directories": module.OUTPUT_DIRS,
+        "work_directories": module.WORK_DIRS,
+    }
     named = {kind: _given(args, table) for kind, table in tables.items()}
-    if not named["outputs"] and not named["directories"]:
+    if not named["outputs"] and not named["directories"] and not named["work_directories"]:
         return
     found = outputs.problems(**named) if collectives.comm.Get_rank() == 0 else None
     options.raise_problems(collectives.bcast_object(found, "the output-file check"))

@@ -5,8 +5,9 @@ lies inside, a directory holding a manifest anywhere, or a place where a save
 into a checkpoint directory the command names puts one (``directory``); or an
 input; or another output; or if it is not a regular file, or its temporary
 file cannot be created (``files``: name and path length, symlink loops,
-permissions). Checkpoint directories themselves must be directories that can
-be made and written.
+permissions). Checkpoint directories must be directories that can be made
+and written; so must work directories (the disk tier's), which must not be or
+lie inside a checkpoint either.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from mpizero.checkpoint import directory
 from mpizero.core import files
 
 
-def problems(outputs: dict[str, str], inputs: dict[str, str], directories: dict[str, str]) -> list[str]:
+def problems(
+    outputs: dict[str, str], inputs: dict[str, str], directories: dict[str, str], work_directories: dict[str, str]
+) -> list[str]:
     """Why the output files ``{flag: path}`` could not be written, or would clobber a checkpoint, an input
     (``{flag: path}``: files or checkpoints the command reads) or each other; and why the output
-    ``directories`` could not be."""
+    ``directories`` (checkpoint directories) and ``work_directories`` could not be."""
     places = [*inputs.values(), *directories.values()]
     found, others = [], {}
     for flag, path in outputs.items():
@@ -27,5 +30,10 @@ def problems(outputs: dict[str, str], inputs: dict[str, str], directories: dict[
             found.append(f"{flag} {path} {over}: it would be overwritten")
         else:
             others[flag] = path
+    for flag, path in work_directories.items():
+        over = directory.checkpoint_problem(path, places)
+        if over:
+            found.append(f"{flag} {path} {over}: it would be written into")
     found += files.output_problems(others, inputs, directories)
-    return found + [p for flag, path in directories.items() for p in files.directory_problems(flag, path)]
+    made = {**directories, **work_directories}
+    return found + [p for flag, path in made.items() for p in files.directory_problems(flag, path)]

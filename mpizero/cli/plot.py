@@ -24,6 +24,7 @@ from mpizero.errors import ZeroError
 OUTPUTS = {"output": "-o/--output"}
 INPUTS: dict[str, str] = {}
 OUTPUT_DIRS: dict[str, str] = {}
+WORK_DIRS: dict[str, str] = {}
 ROWS = (("parameters", "params"), ("gradients", "grads"), ("optimizer state", "optimizer"))
 KINDS = ("params", "grads", "master", "optimizer", "comm")
 COLOURS = dict(zip(KINDS, ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd")))

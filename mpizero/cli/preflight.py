@@ -9,6 +9,8 @@ after its steps. (The key is agreed earlier, by ``main``.)
 
 from __future__ import annotations
 
+import dataclasses
+
 from mpizero.checkpoint import directory
 from mpizero.comm import agree
 from mpizero.core import files, formulas
@@ -48,10 +50,13 @@ def save_problems(args, ranks: int) -> list[str]:
 
 
 def predicted_bytes(args, units: list, ranks: int) -> int:
-    """Bytes one rank's model states need: the engine's buffers at ``--stage`` (``formulas``). The initial values
-    are made shard by shard (``initial.sharded``), so no rank builds the whole model besides them."""
+    """Bytes one rank's model states need: the engine's buffers at ``--stage`` (``formulas``), with
+    ``--offload-dir`` the most states an update reads in at once. The initial values are made shard by shard
+    (``initial.sharded``), so no rank builds the whole model besides them."""
     setups = dict(formula_setups(units, ranks, args.precision, args.reduction, args.optimizer, args.bucket_elems))
-    return sum(formulas.engine_bytes(setups[args.stage]).values())
+    setup = dataclasses.replace(setups[args.stage], offloaded=bool(args.offload_dir))
+    read_in = formulas.offload_bytes(setup)["in_memory_peak"] if setup.offloaded else 0
+    return sum(formulas.engine_bytes(setup).values()) + read_in
 
 
 def memory_problems(needed: int, ranks_here: int, available: int | None, where: str) -> list[str]:

@@ -34,6 +34,7 @@ from mpizero.training.trainer import Trainer, make_groups
 OUTPUTS = {"save_params": "--save-params", "memory_json": "--memory-json"}
 INPUTS = {"resume": "--resume"}
 OUTPUT_DIRS = {"checkpoint_dir": "--checkpoint-dir"}
+WORK_DIRS = {"offload_dir": "--offload-dir"}
 MIN_MICRO_BATCHES = 4
 DEFAULT_KEEP = 2
 MAX_GLOBAL_BATCH = 2**40  # keeps choosing --micro-batches (a divisor search) quick
@@ -67,6 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-params", default=None, help="write the final fp32 master parameters here (.npy)")
     parser.add_argument(
         "--memory-json", default=None, help="write rank 0's memory report and every rank's peaks here (JSON)"
+    )
+    parser.add_argument(
+        "--offload-dir",
+        default=None,
+        help="keep the master and optimizer states in files here, each rank in a directory of its own (disk tier)",
     )
     parser.add_argument("--checkpoint-dir", default=None, help="save sharded checkpoints here")
     parser.add_argument(
@@ -255,6 +261,8 @@ def make_engine(args, model, precision, comm) -> ZeroEngine:
         overlap=not args.no_overlap,
         watchdog=args.watchdog or None,
         scale_headroom=args.scale_headroom,
+        offload="disk" if args.offload_dir else None,
+        offload_dir=args.offload_dir,
     )
 
 
@@ -320,7 +328,8 @@ def progress_line(args, task, step: int, report, elapsed: float, held: dict) -> 
 def print_accounting(engine, rounds: int, reduce_each_round: bool) -> None:
     """Rank 0's bytes by kind (now and peak), peak RSS, and the last step's traffic beside the formula."""
     report = engine.memory_report()
-    print("memory on rank 0:  " + "  ".join(f"{k} {format_bytes(v)}" for k, v in report["now"].items()))
+    on_disk = f"  on disk {format_bytes(report['disk'])}" if report["disk"] else ""
+    print("memory on rank 0:  " + "  ".join(f"{k} {format_bytes(v)}" for k, v in report["now"].items()) + on_disk)
     print(
         "peak during steps: "
         + "  ".join(f"{k} {format_bytes(v)}" for k, v in report["peak"].items())

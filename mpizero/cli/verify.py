@@ -69,6 +69,7 @@ def check(args, world_size: int) -> None:
 OUTPUTS: dict[str, str] = {}
 INPUTS: dict[str, str] = {}
 OUTPUT_DIRS: dict[str, str] = {}
+WORK_DIRS: dict[str, str] = {}
 
 
 def build_model(name: str):

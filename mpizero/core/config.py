@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpizero.core.offload import OFFLOADS
 from mpizero.core.precision import PRECISIONS
 from mpizero.core.reduce.reduction import REDUCTIONS
 from mpizero.core.reduce.scales import HEADROOM
@@ -30,6 +31,8 @@ class ZeroConfig:
     - allow_singleton: run as a 1-rank world even where a launcher says it started more processes.
     - scale_headroom: bits between the predicted and the largest expected gradient (``scales``); a step whose
       largest gradient moved by more is redone.
+    - offload: ``"disk"`` keeps the master and optimizer state shards in files in ``offload_dir`` (``offload``),
+      or None.
     """
 
     stage: int = 2
@@ -42,6 +45,8 @@ class ZeroConfig:
     watchdog: float | None = None
     allow_singleton: bool = False
     scale_headroom: int = HEADROOM
+    offload: str | None = None
+    offload_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES or isinstance(self.stage, bool):
@@ -59,5 +64,12 @@ class ZeroConfig:
             raise ValueError(f"watchdog must be a positive number of seconds or None, got {self.watchdog!r}")
         if not isinstance(self.scale_headroom, int) or not 0 <= self.scale_headroom <= MAX_HEADROOM:
             raise ValueError(f"scale_headroom must be an int in [0, {MAX_HEADROOM}], got {self.scale_headroom!r}")
+        if self.offload not in OFFLOADS:
+            raise ValueError(f"offload must be one of {OFFLOADS}, got {self.offload!r}")
+        if (self.offload is None) != (self.offload_dir is None) or not isinstance(self.offload_dir, (str, type(None))):
+            raise ValueError(
+                f"offload={self.offload!r} needs offload_dir (a directory's path) with it, and only with it; "
+                f"got offload_dir={self.offload_dir!r}"
+            )
         if self.on_nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {self.on_nonfinite!r}")

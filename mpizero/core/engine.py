@@ -21,7 +21,7 @@ from mpi4py import MPI
 from mpizero.arrays import array_module
 from mpizero.comm import agree, launch
 from mpizero.comm.collectives import Collectives
-from mpizero.core import precision, setup
+from mpizero.core import faults, offload, precision, setup
 from mpizero.core.config import ZeroConfig
 from mpizero.core.gradients import Keep
 from mpizero.core.group import FlatGroup, ParamState, StatePiece
@@ -82,6 +82,12 @@ class ZeroEngine:
         problem = problem or bind_problem
         source = params if sharded or problem is not None else from_arrays(params)  # what fill makes values from
         problem = problem or precision.device_problem(source.device, self.config.param_dtype)
+        offloaded, offload_problem = (
+            offload.rank_directory(self.config, source.device, self.comm.Get_rank(), self)
+            if problem is None
+            else (None, None)
+        )
+        problem = problem or offload_problem
         on_device = problem is None and source.device != "cpu"
         self.on_device = on_device
         self.collectives = Collectives(self.comm, self.config.watchdog, on_device)
@@ -97,7 +103,7 @@ class ZeroEngine:
         signature = setup_signature(params, group_names, self.config, self.collectives.paths, self.bound.describe())
         agree.raise_unless_equal(self.collectives, signature)
         self.groups: list[FlatGroup] = setup.build_groups(
-            source, group_names, self.config, self.bound, self.collectives
+            source, group_names, self.config, self.bound, self.collectives, offloaded and offloaded.path
         )
         self.numel = sum(g.layout.numel for g in self.groups)
         if sharded:
@@ -372,12 +378,26 @@ class ZeroEngine:
             raise StepOrderError("apply_update() needs a finish_reduction() that returned None first")
         self._reduced = False
         self.step_count += 1
-        hyper = self._hyper if hyper is None else hyper
-        for group in self.groups:
-            group.update(self.bound.rule, hyper, self.step_count)
-            group.publish(self.collectives)
+        problem = self._update_in_turn(self._hyper if hyper is None else hyper)
+        if self.config.offload is not None:
+            agree.raise_if_any(self.collectives, problem, f"step {self.step_number - 1}")
         self._note_held()
         return StepResult(self.step_count, skipped=False, grad_norm=grad_norm)
+
+    def _update_in_turn(self, hyper: tuple) -> str | None:
+        """Update and publish every group in turn, offloaded ones with their states read in (``offload.in_turn``);
+        return what failed on disk, if anything (every group is still updated and published)."""
+        try:
+            for index, group in enumerate(offload.in_turn(self.groups)):
+                if index == 1:  # the first group written back, the others not yet
+                    faults.maybe_kill("update", self.step_count, self.comm.Get_rank())
+                group.update(self.bound.rule, hyper, self.step_count)
+                group.publish(self.collectives)
+                if group.store is not None:  # its states read in, the group before's dropped: count both
+                    self._sample_after(range(max(index - 1, 0), index + 1))
+        except OSError as error:
+            return f"offloaded training state: {error}; resume from the last checkpoint"
+        return None
 
     def read_hyper(self) -> tuple[tuple | None, int, str | None]:
         """The optimizer's hyper-parameters now, checked: (them, their digest, None), or (None, -1, the problem)."""

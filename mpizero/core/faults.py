@@ -1,7 +1,9 @@
 """A fault-injection hook for tests: ``MPIZERO_KILL_AT=POINT:STEP:RANK`` kills that rank with SIGKILL.
 
 Points: ``save`` (after the rank wrote its checkpoint files, before the
-manifest) and ``step`` (at the start of a training step). Unset in normal use.
+manifest), ``step`` (at the start of a training step) and ``update`` (in the
+update, after its first group: offloaded states half written). Unset in normal
+use.
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ class Setup:
     nodes: int = 1
     two_level: bool = False  # reduce-scatters and all-gathers in two levels (inside nodes, then across)
     group_counts: tuple[int, ...] = ()  # how many groups of each size in ``group_numels`` (empty: one each)
+    offloaded: bool = False  # the master, optimizer and grad shards live in files (``offload``)
 
     def counts(self) -> tuple[int, ...]:
         return self.group_counts or (1,) * len(self.group_numels)
@@ -74,15 +75,33 @@ def engine_bytes(setup: Setup) -> dict[str, int]:
     """Bytes each rank holds between steps, by kind, as ``ZeroEngine.memory()`` reports them."""
     plans = setup.counted_plans()
     owned = sum(span(p.owned_range) * n for p, n in plans)
-    separate_master = sum(span(p.owned_range) * n for p, n in plans if not p.master_is_param_shard(setup.param_bytes))
+    in_memory = 0 if setup.offloaded else 1
     return {
         "params": sum(span(p.params_range) * n for p, n in plans) * setup.param_bytes,
         "gathered": 0,
-        "grads": owned * 4,
-        "master": separate_master * 4,  # stage 3 in float32: the param shard is the master (counted as params)
-        "optimizer": owned * 4 * setup.optimizer_states,
+        "grads": owned * 4 * in_memory,
+        "master": sum(_master_bytes(setup, p) * n for p, n in plans) * in_memory,  # stage 3 fp32: counted as params
+        "optimizer": owned * 4 * setup.optimizer_states * in_memory,
         "comm": _comm_bytes(setup, plans),
     }
+
+
+def offload_bytes(setup: Setup) -> dict[str, int]:
+    """Offloaded: the bytes of master, optimizer and grad shards each rank keeps on disk, and the most it reads into
+    memory at once during an update (the largest group's, ``offload.in_turn``)."""
+    plans = setup.counted_plans()
+    largest = max(_states_bytes(setup, p) for p, _ in plans)
+    return {"disk": sum(_states_bytes(setup, p) * n for p, n in plans), "in_memory_peak": largest}
+
+
+def _states_bytes(setup: Setup, plan: ShardPlan) -> int:
+    """One group's fp32 master, optimizer state and grad shards, offloaded."""
+    return _master_bytes(setup, plan) + span(plan.owned_range) * 4 * (setup.optimizer_states + 1)
+
+
+def _master_bytes(setup: Setup, plan: ShardPlan) -> int:
+    """One group's separate fp32 master shard (none where it is the param shard itself, stage 3 in float32)."""
+    return 0 if plan.master_is_param_shard(setup.param_bytes) else span(plan.owned_range) * 4
 
 
 def _comm_bytes(setup: Setup, plans: list[tuple[ShardPlan, int]]) -> int:
@@ -91,7 +110,7 @@ def _comm_bytes(setup: Setup, plans: list[tuple[ShardPlan, int]]) -> int:
     kept = sum(p.partition.padded_numel * n for p, n in plans if p.keeps_local_grads)
     if kept:
         return kept * setup.wire_bytes
-    if setup.shared_memory and setup.nodes == 1:
+    if setup.shared_memory and setup.nodes == 1 and not setup.offloaded:  # offloaded: no owner sums
         return sum(span(p.shard_range) * n for p, n in plans) * setup.wire_bytes
     return 0
 
@@ -158,6 +177,7 @@ def formula_setup(engine) -> Setup:
         engine.collectives.shared and engine.groups[0].xp is np,
         engine.collectives.paths.nodes,
         engine.collectives.paths.two_level,
+        offloaded=engine.config.offload is not None,
     )
 
 

@@ -16,7 +16,8 @@ Glossary (with ``group``'s, these names and no others):
 - kept: elements the stream left out (beyond the cap, or a tensor with no
   prediction), held as float32 arrays until the step's scales are agreed, then
   encoded at the chosen scales and reduced in one more collective.
-- grad shard: the averaged float32 gradient over the owned range.
+- grad shard: the averaged float32 gradient over the owned range; offloaded,
+  written to the group's file once decoded, and read in again for the update.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import enum
 import numpy as np
 
 from mpizero.arrays import read_back, to_host
+from mpizero.core import offload
 from mpizero.core.reduce import exact
 from mpizero.core.stages import GradientCollective
 
@@ -45,7 +47,9 @@ class GroupGradients:
         self.layout, self.plan, self.partition, self.xp = layout, plan, plan.partition, xp
         self.segments = segments  # (tensor index, start, stop) of each tensor's piece, owned-relative
         start, stop = plan.owned_range
-        self.grad_shard = xp.zeros(stop - start, dtype=np.float32)
+        self.owned_numel = stop - start
+        self.grad_shard = xp.zeros(self.owned_numel, dtype=np.float32)  # None where offloaded (``offload``)
+        self.store = None  # the group's offload file, which holds the grad shard between its decode and its update
         self.local_grads = self.reduced = self.pending_reduce = self.pending_result = None
         self.sums = None  # on one host: the node-shared accumulators rounds are summed into (the communicator's)
         self.kept: dict[int, list] = {}  # tensor index -> [(array, lowest magnitude bits left out)]
@@ -83,9 +87,8 @@ class GroupGradients:
         if not any(p is not None for p in predictions):  # nothing to sum this pass: measure or keep only
             found = None if grads is None else reduction.measure(grads, self.layout.specs)
         else:
-            sums = (
-                collectives.owner_sums(id(self), self.grad_shard.size, reduction.wire_dtype) if self.xp is np else None
-            )
+            shared = self.xp is np and self.store is None  # offloaded: no int64 sums kept between steps either
+            sums = collectives.owner_sums(id(self), self.owned_numel, reduction.wire_dtype) if shared else None
             round_ = self._push_round if sums is not None else self._scatter_round
             found = round_(collectives, reduction, grads, predictions, sums)
             self.rounds_reduced += 1
@@ -126,7 +129,7 @@ class GroupGradients:
         else:
             found = reduction.encode(buffer, grads, self.layout, predictions, True)
         if self.reduced is None:
-            self.reduced = self.xp.empty(self.grad_shard.shape, dtype=wire)
+            self.reduced = self.xp.empty(self.owned_numel, dtype=wire)
             collectives.reduce_scatter(buffer, self.reduced)
         else:
             collectives.reduce_scatter_add(buffer, self.reduced)
@@ -165,7 +168,7 @@ class GroupGradients:
             local = self.local_grads = self.xp.empty(padded, dtype=wire)
         if not self.accumulated:
             local[...] = 0
-        result = self.xp.empty(self.grad_shard.shape, dtype=wire)
+        result = self.xp.empty(self.owned_numel, dtype=wire)
         self.pending_reduce = self._collective(collectives, local, result, blocking)
         self.pending_result = result
 
@@ -183,18 +186,21 @@ class GroupGradients:
             self.pending_reduce.wait()
             self._add_reduced(self.pending_result)
         wire = reduction.wire_dtype
-        total = self.reduced if self.reduced is not None else self.xp.zeros(self.grad_shard.shape, dtype=wire)
+        total = self.reduced if self.reduced is not None else self.xp.zeros(self.owned_numel, dtype=wire)
         shifts = [0 if p is None else p.k - k for p, k in zip(used, chosen)]
         reduction.rescale(total, self.segments, shifts)
         if any(any_kept):
             buffer = self.xp.empty(self.partition.padded_numel, dtype=wire)
             reduction.encode_kept(buffer, self.kept, self.layout.specs, chosen, exact.INF_BITS)
-            kept_sum = self.xp.empty(self.grad_shard.shape, dtype=wire)
+            kept_sum = self.xp.empty(self.owned_numel, dtype=wire)
             self._collective(collectives, buffer, kept_sum, True)
             total += kept_sum
-        self.grad_shard[...] = 0
+        shard = self.grad_shard if self.store is None else self.xp.empty(self.owned_numel, dtype=np.float32)
+        shard[...] = 0
         for index, lo, hi in self.segments:
-            reduction.decode(total[lo:hi], chosen[index], count, self.grad_shard[lo:hi])
+            reduction.decode(total[lo:hi], chosen[index], count, shard[lo:hi])
+        if self.store is not None:
+            self.store.write_or_remember({offload.GRAD: shard})
         self._free_step_buffers()
         self.decoded = True
 

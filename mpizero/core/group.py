@@ -16,16 +16,20 @@ Glossary (these names and no others):
   ``ShardPlan.master_is_param_shard``): the update writes the params directly.
 - optimizer state shard: the optimizer's buffers over the owned range.
 - padding: the zeros after the last tensor; they stay zero through every update.
+- offloaded (``offload``): the master, optimizer state and grad shards live in
+  the group's file, read in for the update (``hold``) and mapped otherwise.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from mpizero.arrays import to_host
+from mpizero.core import offload
 from mpizero.core.gradients import GroupGradients
 from mpizero.core.layout import FlatLayout, TensorSpec
 from mpizero.core.optim import rules
@@ -47,7 +51,25 @@ class StatePiece:
     spec: TensorSpec
     start: int
     stop: int
-    arrays: dict
+    arrays: Mapping
+
+
+class Slices(Mapping):
+    """Elements ``[lo, hi)`` of each of ``states``, sliced when first asked for (a mapped state is then mapped)."""
+
+    def __init__(self, states: Mapping, lo: int, hi: int) -> None:
+        self._states, self._lo, self._hi, self._sliced = states, lo, hi, {}
+
+    def __getitem__(self, name: str):
+        if name not in self._sliced:
+            self._sliced[name] = self._states[name][self._lo : self._hi]
+        return self._sliced[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._states)
+
+    def __len__(self) -> int:
+        return len(self._states)
 
 
 class FlatGroup:
@@ -68,7 +90,6 @@ class FlatGroup:
         for _, spec, lo, hi in layout.overlaps(held_start, held_stop):
             held[lo - held_start : hi - held_start] = fill(spec.name, lo - spec.offset, hi - spec.offset)
         start, stop = plan.owned_range
-        self.optimizer_state: dict = {}
         self.gradients = GroupGradients(layout, plan, xp, self.owned_segments())
         self.pending_gather = None
         if plan.gathers_params:
@@ -82,16 +103,58 @@ class FlatGroup:
             self.state = ParamState.UNSHARDED
         self.shares_master = plan.master_is_param_shard(self.param_dtype.itemsize)
         owned = held[start - held_start : stop - held_start]
-        self.master_shard = self.param_shard if self.shares_master else owned.copy()
+        self._states: dict = {} if self.shares_master else {"master": owned.copy()}  # fp32, over the owned range
+        self.store: offload.GroupFile | None = None  # where the states live instead, offloaded
+        self._resident: dict | None = None  # the offloaded states read in for an update (``offload.in_turn``)
 
     @property
     def owned_range(self) -> tuple[int, int]:
         return self.plan.owned_range
 
+    def states(self) -> Mapping:
+        """The master shard (``master``) and each optimizer state shard, by name: in memory, read in for an update,
+        or mapped from the offload file as each is used."""
+        shared = {"master": self.param_shard} if self.shares_master else {}
+        if self.store is None:
+            return {**shared, **self._states}
+        if self._resident is None:
+            return offload.MappedStates(self.store, shared)
+        return {**shared, **{name: a for name, a in self._resident.items() if name != offload.GRAD}}
+
+    @property
+    def master_shard(self):
+        """The fp32 master params over the owned range (the param shard itself where ``shares_master``)."""
+        return self.states()["master"]
+
+    @property
+    def optimizer_state(self) -> dict:
+        """The optimizer's state shards by name."""
+        return {name: a for name, a in self.states().items() if name != "master"}
+
+    def offload(self, directory: str, index: int) -> None:
+        """Move the states and the grad shard to a file of their own in ``directory`` (host groups only), freeing
+        them here."""
+        names = [*self._states, offload.GRAD]
+        self.store = offload.GroupFile(directory, index, names, self.plan.owned_range[1] - self.plan.owned_range[0])
+        nonzero = {name: a for name, a in self._states.items() if a.view(np.uint32).any()}  # -0.0 is not zero here
+        self.store.write(nonzero)  # the file starts as zeros
+        self._states = {}
+        self.gradients.store, self.gradients.grad_shard = self.store, None
+
+    def hold(self, arrays: dict) -> None:
+        """Use ``arrays`` (the offloaded states, read in) until ``drop``."""
+        self._resident = arrays
+
+    def drop(self) -> None:
+        self._resident = None
+
     @property
     def grad_shard(self):
-        """The averaged float32 gradient over the owned range (``gradients``)."""
-        return self.gradients.grad_shard
+        """The averaged float32 gradient over the owned range (``gradients``): offloaded, as read in for the
+        update, or mapped from the file."""
+        if self.store is None:
+            return self.gradients.grad_shard
+        return self._resident[offload.GRAD] if self._resident is not None else self.store.mapped(offload.GRAD)
 
     def owned_segments(self) -> list[tuple[int, int, int]]:
         """Return ``(tensor index, start, stop)`` of each tensor's piece of the owned range (owned-relative)."""
@@ -101,8 +164,8 @@ class FlatGroup:
     def held_buffers(self) -> list[tuple[str, int, object]]:
         """``(what, flat start, buffer)`` for the params this rank holds (full or shard), the master shard and
         each optimizer state shard: what a check compares with a reference, without knowing the stage."""
-        held = [("params", *self._params_held()), ("master", self.plan.owned_range[0], self.master_shard)]
-        return held + [(name, self.plan.owned_range[0], a) for name, a in self.optimizer_state.items()]
+        start = self.plan.owned_range[0]
+        return [("params", *self._params_held())] + [(name, start, a) for name, a in self.states().items()]
 
     def _params_held(self) -> tuple[int, object]:
         if self.full_params is not None and self.state is ParamState.UNSHARDED:
@@ -111,24 +174,16 @@ class FlatGroup:
 
     def state_pieces(self, start: int, stop: int) -> list[StatePiece]:
         """The fp32 master and optimizer state of flat range ``[start, stop)`` (within the owned range), by tensor."""
-        owned_start = self.plan.owned_range[0]
-        states = {"master": self.master_shard, **self.optimizer_state}
+        owned_start, states = self.plan.owned_range[0], self.states()
         return [
-            StatePiece(
-                spec,
-                lo - spec.offset,
-                hi - spec.offset,
-                {k: a[lo - owned_start : hi - owned_start] for k, a in states.items()},
-            )
+            StatePiece(spec, lo - spec.offset, hi - spec.offset, Slices(states, lo - owned_start, hi - owned_start))
             for _, spec, lo, hi in self.layout.overlaps(start, stop)
         ]
 
     def state_buffer(self, name: str):
         """The owned-range buffer of training state ``name``: ``master``, ``grad`` (the averaged grad shard, once
         reduced) or an optimizer state."""
-        if name == "master":
-            return self.master_shard
-        return self.grad_shard if name == "grad" else self.optimizer_state[name]
+        return self.grad_shard if name == offload.GRAD else self.states()[name]
 
     def set_state(self, name: str, values) -> None:
         """Set state ``name`` over the owned range from full float32 host tensors by name (copied to the device
@@ -150,7 +205,8 @@ class FlatGroup:
 
     def init_optimizer(self, state_names, param_group_of: dict[str, int]) -> None:
         """Zero every optimizer state shard; note which parameter group updates each run of the owned range."""
-        self.optimizer_state = {n: self.xp.zeros_like(self.master_shard) for n in state_names}
+        start, stop = self.owned_range
+        self._states.update({n: self.xp.zeros(stop - start, dtype=np.float32) for n in state_names})
         runs: list[list[int]] = []
         for index, lo, hi in self.owned_segments():
             group = param_group_of[self.layout.specs[index].name]
@@ -200,9 +256,10 @@ class FlatGroup:
 
     def update(self, rule, hyper: tuple, step: int) -> None:
         """Apply one optimizer step to the master shard, each run with its parameter group's ``hyper``."""
+        master, optimizer_state = self.master_shard, self.optimizer_state
         for group, lo, hi in self.optimizer_runs:
-            state = {name: a[lo:hi] for name, a in self.optimizer_state.items()}
-            rules.update(rule, hyper[group], step, self.master_shard[lo:hi], self.grad_shard[lo:hi], state)
+            state = {name: a[lo:hi] for name, a in optimizer_state.items()}
+            rules.update(rule, hyper[group], step, master[lo:hi], self.grad_shard[lo:hi], state)
 
     def publish(self, collectives) -> None:
         """Copy the master shard into the parameters every rank will use next."""
@@ -218,11 +275,12 @@ class FlatGroup:
     def memory(self) -> dict[str, int]:
         """Bytes this group holds now, by kind (see ``memory.KINDS``)."""
         transient_full = self.plan.gathers_params and self.full_params is not None
+        in_memory = {**self._states, offload.GRAD: self.grad_shard} if self.store is None else self._resident or {}
         return {
             "params": self.param_shard.nbytes if self.plan.gathers_params else self.full_params.nbytes,
             "gathered": self.full_params.nbytes if transient_full else 0,
-            "grads": self.grad_shard.nbytes + self.gradients.kept_bytes(),
-            "master": 0 if self.shares_master else self.master_shard.nbytes,  # counted once, as params
-            "optimizer": sum(a.nbytes for a in self.optimizer_state.values()),
+            "grads": (in_memory[offload.GRAD].nbytes if in_memory else 0) + self.gradients.kept_bytes(),
+            "master": in_memory["master"].nbytes if "master" in in_memory else 0,  # shared: counted as params
+            "optimizer": sum(a.nbytes for name, a in in_memory.items() if name not in ("master", offload.GRAD)),
             "comm": self.gradients.comm_bytes(),
         }

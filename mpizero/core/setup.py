@@ -20,8 +20,9 @@ from mpizero.core.partition import Partition
 from mpizero.core.stages import ShardPlan, sharding
 
 
-def build_groups(source: init.ShardedInit, group_names, config, bound, collectives) -> list[FlatGroup]:
-    """Every group's buffers on this rank, in group order (collective: the outcome is agreed)."""
+def build_groups(source: init.ShardedInit, group_names, config, bound, collectives, offload_to=None) -> list[FlatGroup]:
+    """Every group's buffers on this rank, in group order (collective: the outcome is agreed). ``offload_to``: a
+    directory each group's states move to as soon as it is made, so no more than one group's are ever held."""
     comm = collectives.comm
     xp, rank, size = device_module(source.device), comm.Get_rank(), comm.Get_size()
     fill, groups, problem = init.checked_fill(source, xp), [], None
@@ -31,9 +32,13 @@ def build_groups(source: init.ShardedInit, group_names, config, bound, collectiv
             plan = ShardPlan(sharding(config.stage), Partition(layout.numel, size, config.align), rank)
             group = FlatGroup(layout, plan, xp, config.param_dtype, fill)
             group.init_optimizer(bound.state_names, bound.group_of)
+            if offload_to is not None:
+                group.offload(offload_to, len(groups))
             groups.append(group)
     except init.FillError as error:
         problem = str(error)
+    except OSError as error:
+        problem = f"offloading group {len(groups)} to {offload_to}: {error}"
     except MemoryError as error:
         held = sum(sum(group.memory().values()) for group in groups)
         problem = f"out of memory making group {len(groups)} of {len(group_names)}, holding {held} bytes ({error})"

@@ -11,6 +11,7 @@ shards each rank made: ``digest``).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping
 from math import prod
@@ -71,7 +72,7 @@ def setup_signature(params: Mapping | ShardedInit, group_names, config, paths, o
         "the parameter shapes": tuple(shapes.values()),
         "the parameter dtypes": dtypes,
         "the groups": tuple(map(tuple, group_names)),
-        "the settings": config,
+        "the settings": {k: v for k, v in dataclasses.asdict(config).items() if k != "offload_dir"},  # per rank
         "the communication paths": paths,
         "the optimizer": optimizer,
         "the checkpoint key": key.described(),

@@ -1,0 +1,128 @@
+"""One group's offloaded states in one file: read and written whole, mapped state by state, checked before use."""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+GRAD = "grad"  # the averaged grad shard: written once decoded, read in for the update, never written back
+STATE_DTYPE = np.dtype(np.float32)
+
+
+class GroupFile:
+    """One group's offloaded states on this rank: ``names``, each ``numel`` float32 elements, in one file."""
+
+    def __init__(self, directory: str, index: int, names: list[str], numel: int) -> None:
+        """Make the file, all zeros (as the optimizer's states start), its blocks allocated now: a disk without
+        room for the states fails here, at set-up, not in the middle of a step."""
+        self.path = os.path.join(directory, f"group{index:05d}.state")
+        self.names, self.numel = tuple(names), numel
+        self.read_bytes = self.written_bytes = 0  # by ``read`` and ``write``, and the seconds they took
+        self.io_seconds = 0.0
+        self.failure: OSError | None = None  # a write that failed outside the update, raised by the next read
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        weakref.finalize(self, os.close, self._fd)
+        if self.nbytes:
+            os.posix_fallocate(self._fd, 0, self.nbytes)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * STATE_DTYPE.itemsize * len(self.names)
+
+    def _offset(self, name: str) -> int:
+        return self.names.index(name) * self.numel * STATE_DTYPE.itemsize
+
+    def check(self) -> None:
+        """Raise if the file was deleted or cut short since it was made: the open file would still hold the
+        bytes, but whoever did it meant to remove or change them."""
+        if self.failure is not None:
+            raise self.failure
+        status = os.fstat(self._fd)
+        if status.st_nlink == 0:
+            raise OSError(f"{self.path} was deleted while the run uses it")
+        if status.st_size < self.nbytes:
+            raise OSError(f"{self.path} was cut to {status.st_size} of its {self.nbytes} bytes while the run uses it")
+
+    def read(self) -> dict[str, np.ndarray]:
+        """Every state, read into new arrays."""
+        self.check()
+        start = time.perf_counter()
+        arrays = {name: np.empty(self.numel, STATE_DTYPE) for name in self.names}
+        for name, array in arrays.items():
+            _read_fully(self._fd, memoryview(array).cast("B"), self._offset(name))
+            self.read_bytes += array.nbytes
+        self.io_seconds += time.perf_counter() - start
+        return arrays
+
+    def write(self, arrays: dict[str, np.ndarray]) -> None:
+        """Write the states in ``arrays`` (by name) to the file, and start writing them back to the disk now, so the
+        page cache does not fill with them."""
+        self.check()  # a write would make a cut file whole again, with zeros where the cut was
+        start = time.perf_counter()
+        for name, array in arrays.items():
+            _write_fully(self._fd, memoryview(np.ascontiguousarray(array)).cast("B"), self._offset(name))
+            self.written_bytes += array.nbytes
+        os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        self.io_seconds += time.perf_counter() - start
+
+    def write_or_remember(self, arrays: dict[str, np.ndarray]) -> None:
+        """``write``, from a place where a failure cannot be agreed on: one is raised by the next ``read``, in the
+        update, where every rank agrees."""
+        try:
+            self.write(arrays)
+        except OSError as error:
+            self.failure = self.failure or error
+
+    def prefetch(self) -> None:
+        """Ask the kernel to read the whole file ahead, in the background, for the next ``read``."""
+        os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_WILLNEED)
+
+    def mapped(self, name: str) -> np.ndarray:
+        """State ``name`` as a writable view of the file (its pages are read as they are touched)."""
+        self.check()
+        if not self.numel:
+            return np.empty(0, STATE_DTYPE)
+        with open(self._fd, "r+b", closefd=False) as file:  # the open file, whatever its path names now
+            return np.memmap(file, STATE_DTYPE, mode="r+", offset=self._offset(name), shape=(self.numel,))
+
+
+class MappedStates(Mapping):
+    """A group's states by name (its grad shard aside): ``held`` ones as they are, the file's mapped on first use,
+    so that a reader of one state (a digest of the master) maps nothing else."""
+
+    def __init__(self, store: GroupFile, held: dict) -> None:
+        self._store, self._held = store, dict(held)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._held:
+            if name not in self._names():
+                raise KeyError(name)
+            self._held[name] = self._store.mapped(name)
+        return self._held[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys([*self._held, *self._names()]))
+
+    def __len__(self) -> int:
+        return len(set(self._held) | set(self._names()))
+
+    def _names(self) -> list[str]:
+        return [name for name in self._store.names if name != GRAD]
+
+
+def _read_fully(fd: int, into: memoryview, offset: int) -> None:
+    while len(into):
+        got = os.preadv(fd, [into], offset)
+        if got == 0:
+            raise OSError(f"an offload file ended {len(into)} bytes early")
+        into, offset = into[got:], offset + got
+
+
+def _write_fully(fd: int, data: memoryview, offset: int) -> None:
+    while len(data):
+        done = os.pwritev(fd, [data], offset)
+        data, offset = data[done:], offset + done

@@ -1,0 +1,193 @@
+"""The disk tier at any world size: the same bytes as in memory, states on disk between steps, files removed.
+
+Run: mpiexec -n N python -m mpi4py tests/mpi/check_offload.py DIR
+Every rank runs every check (an assertion on any rank aborts the job); rank 0 prints ``digest D`` of the final
+master params of an offloaded run (the same at any world size), then ``offload checks ok``.
+"""
+
+import functools
+import gc
+import os
+import resource
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from expect import expect_error
+
+from mpizero import SGD, Adam, Reference, ZeroEngine, split_evenly
+from mpizero.checkpoint import store
+from mpizero.core import formulas, offload
+from mpizero.core.precision import PRECISIONS
+from mpizero.training.mlp import MLP, regression_batch
+from mpizero.training.model import forward_backward
+from mpizero.training.trainer import Trainer
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+MODEL = MLP((7, 17, 11, 3))
+GROUPS = [[name] for name in MODEL.init(1)]  # six groups, one per tensor
+MICRO_BATCHES = 5
+BASE = os.path.join(sys.argv[1], f"node-of-rank-{rank}")  # a directory per rank, as on nodes of their own
+os.makedirs(BASE, exist_ok=True)
+
+
+def engine_at(stage, optimizer, dtype="float32", disk=True):
+    settings = {"offload": "disk", "offload_dir": BASE} if disk else {}
+    return ZeroEngine(MODEL.init(1), optimizer, stage=stage, groups=GROUPS, param_dtype=dtype, **settings)
+
+
+def train(engine, steps, first=1):
+    mine = split_evenly(MICRO_BATCHES, size, rank)
+    for step in range(first, first + steps):
+        batches = [regression_batch(MODEL.widths, 1, step, m, 6) for m in range(MICRO_BATCHES)]
+        with engine.gathered() as full:
+            engine.step([forward_backward(MODEL, full, *batches[m])[1] for m in mine])
+
+
+def bytes_of(engine):
+    return {name: a.tobytes() for name, a in engine.master_params().items()}
+
+
+def check_the_same_bytes_as_in_memory_and_the_reference():
+    for stage in range(4):
+        for optimizer, dtype in ((SGD(lr=0.05, momentum=0.9), "float32"), (Adam(lr=1e-2), "float16")):
+            offloaded, in_memory = engine_at(stage, optimizer, dtype), engine_at(stage, optimizer, dtype, disk=False)
+            train(offloaded, 3)
+            train(in_memory, 3)
+            assert bytes_of(offloaded) == bytes_of(in_memory), (stage, optimizer, dtype)
+            for group, twin in zip(offloaded.groups, in_memory.groups):
+                for (what, start, a), (_, _, b) in zip(group.held_buffers(), twin.held_buffers()):
+                    assert (start, np.asarray(a).tobytes()) == (start, np.asarray(b).tobytes()), (stage, what)
+            if dtype == "float32":
+                reference = Reference(MODEL.init(1), optimizer)
+                for step in range(1, 4):
+                    batches = [regression_batch(MODEL.widths, 1, step, m, 6) for m in range(MICRO_BATCHES)]
+                    reference.step([forward_backward(MODEL, reference.params, *b)[1] for b in batches])
+                assert bytes_of(offloaded) == {n: a.tobytes() for n, a in reference.params.items()}, stage
+
+
+def check_states_live_on_disk_between_steps_and_one_group_in_memory_at_once():
+    most, now = [0], [0]
+    read, write = offload.GroupFile.read, offload.GroupFile.write
+
+    def counted_read(self):
+        now[0] += 1
+        most[0] = max(most[0], now[0])
+        return read(self)
+
+    def counted_write(self, arrays):
+        write(self, arrays)
+        now[0] -= offload.GRAD not in arrays  # the update's write-back, not the decoded grad shard's
+
+    engine = engine_at(1, Adam(lr=1e-2))
+    offload.GroupFile.read, offload.GroupFile.write = counted_read, counted_write
+    try:
+        train(engine, 2)
+    finally:
+        offload.GroupFile.read, offload.GroupFile.write = read, write
+    assert most[0] == 1 < len(engine.groups), most
+    held, setup = engine.memory(), formulas.formula_setup(engine)
+    assert held["master"] == held["optimizer"] == 0 and held == formulas.engine_bytes(setup), held
+    owned = sum(g.owned_range[1] - g.owned_range[0] for g in engine.groups)
+    on_disk = sum(g.store.nbytes for g in engine.groups)
+    assert on_disk == 4 * 4 * owned == formulas.offload_bytes(setup)["disk"]  # master, exp_avg, exp_avg_sq, grad
+    assert held["grads"] == 0
+    assert formulas.offload_bytes(setup)["in_memory_peak"] == max(g.store.nbytes for g in engine.groups)
+    peak, largest = engine.memory_report()["peak"], max(g.owned_range[1] - g.owned_range[0] for g in engine.groups)
+    assert (peak["master"], peak["optimizer"]) == (4 * largest, 8 * largest), peak  # one group's, read in
+    for disk in (True, False):  # the trainer's rounds at stage 3: offloaded, no int64 owner sums kept either
+        sharded = engine_at(3, Adam(lr=1e-2), disk=disk)
+        trainer = Trainer(MODEL, sharded, PRECISIONS["fp32"])
+        for step in (1, 2):
+            trainer.step(lambda m, step=step: regression_batch(MODEL.widths, 1, step, m, 6), MICRO_BATCHES)
+        assert bool(sharded.collectives.sums) is not disk, disk
+    directory = os.path.dirname(engine.groups[0].store.path)
+    assert os.path.basename(directory).startswith(
+        f"mpizero-offload-{socket.gethostname()}-{os.getpid()}-rank{rank:05d}-"
+    )
+    assert sorted(os.listdir(directory)) == [f"group{i:05d}.state" for i in range(len(GROUPS))]
+    del engine
+    gc.collect()
+    assert not os.path.exists(directory)  # removed with its engine
+
+
+def check_checkpoints_cross_between_offloaded_and_in_memory_runs(directory):
+    for saver, loader in ((True, False), (False, True)):
+        engine = engine_at(2, Adam(lr=1e-2), disk=saver)
+        train(engine, 2)
+        where = os.path.join(directory, f"ckpt-from-{'disk' if saver else 'memory'}")
+        path = store.save(engine, where, {"step": 2, "optimizer_steps": 2, "skipped_steps": 0, "data": {}})
+        train(engine, 2, first=3)
+        resumed = engine_at(3, Adam(lr=1e-2), disk=loader)  # another stage as well
+        training = store.load(resumed, path).training
+        resumed.step_count, resumed.skipped_steps = training["optimizer_steps"], training["skipped_steps"]
+        train(resumed, 2, first=3)
+        assert bytes_of(resumed) == bytes_of(engine), (saver, loader)
+
+
+def check_a_file_deleted_or_cut_on_one_rank_ends_the_step_on_every_rank():
+    for harm, words in ((os.remove, "was deleted while the run uses it"), (cut, "was cut to")):
+        engine = engine_at(2, Adam(lr=1e-2))
+        train(engine, 2)
+        if rank == size - 1:
+            harm(engine.groups[1].store.path)
+        expect_error(
+            functools.partial(train, engine, 1, first=3), "step 3", f"group00001.state {words}", "last checkpoint"
+        )
+
+
+def cut(path):
+    os.truncate(path, os.path.getsize(path) // 2)
+
+
+def check_a_disk_too_small_on_one_rank_is_one_agreed_error_at_set_up():
+    """``posix_fallocate`` claims every block at set-up; a file-size limit stands in for a full disk."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    if rank == size - 1:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, limit[1]))
+    try:
+        expect_error(lambda: engine_at(2, Adam(lr=1e-2)), "offloading group 0", "File too large")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+
+
+def check_a_killed_runs_directory_is_removed_by_the_next_engine():
+    dead = 2**22 + 12345  # above Linux's largest process id
+    left = os.path.join(BASE, f"{offload.PREFIX}{socket.gethostname()}-{dead}-rank{rank:05d}-x")
+    os.makedirs(left)
+    engine_at(0, SGD(lr=0.1))
+    assert not os.path.exists(left)
+
+
+def check_a_directory_one_rank_cannot_use_is_one_agreed_error():
+    a_file = os.path.join(BASE, "a-file")
+    Path(a_file).touch()
+    where = a_file if rank == size - 1 else os.path.join(BASE, "made-on-demand")
+
+    def make():
+        ZeroEngine(MODEL.init(1), SGD(lr=0.1), offload="disk", offload_dir=where)
+
+    expect_error(make, f"rank {size - 1}", "a-file' is a file, not a directory")
+
+
+if __name__ == "__main__":
+    check_the_same_bytes_as_in_memory_and_the_reference()
+    check_states_live_on_disk_between_steps_and_one_group_in_memory_at_once()
+    check_checkpoints_cross_between_offloaded_and_in_memory_runs(sys.argv[1])
+    check_a_directory_one_rank_cannot_use_is_one_agreed_error()
+    check_a_file_deleted_or_cut_on_one_rank_ends_the_step_on_every_rank()
+    check_a_disk_too_small_on_one_rank_is_one_agreed_error_at_set_up()
+    check_a_killed_runs_directory_is_removed_by_the_next_engine()
+    engine = engine_at(3, Adam(lr=1e-2))
+    train(engine, 3)
+    digest = engine.master_digest()
+    if rank == 0:
+        print(f"digest {digest}", flush=True)
+        print("offload checks ok", flush=True)
