@@ -38,6 +38,7 @@ def test_train_with_an_offload_dir_gives_the_in_memory_bytes(tmp_path, straight,
     out, offload = tmp_path / "params.npy", tmp_path / "offload"
     log = train(n, stage, 4, "--offload-dir", offload, "--save-params", out)
     assert out.read_bytes() == straight, log
+    assert "memory on rank 0:  params" in log and " on disk " in log, log
     assert os.listdir(offload) == []  # every rank's directory removed at exit
 
 
@@ -126,8 +127,8 @@ def big_rows(out: str) -> list[dict]:
 def test_estimate_offload_says_what_lives_on_disk_and_how_large_a_model_fits():
     out = run_mpi_ok(1, ["-m", "mpizero", "estimate", "--model", "mlp", "--ranks", "4", "--offload"] + FITS)
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line[:1].isdigit()}
-    assert rows["3"][-3:] == ["12.0", "B", f"{8e9 / 12:.3g}"]  # Adam's two moments and the gradient, 4 bytes each
-    assert [row[-1] for row in rows.values()] == [f"{8e9 / per:.3g}" for per in (64, 16, 16, 12)]
+    assert rows["3"][-3:] == ["20.0", "B", f"{8e9 / 20:.3g}"]  # 2 moments and the gradient, 4 bytes each; 8 of sums
+    assert [row[-1] for row in rows.values()] == [f"{8e9 / per:.3g}" for per in (96, 24, 24, 20)]
 
 
 FITS = ["--ram", "1e12", "--disk", "8e9"]  # memory to spare: the disk decides

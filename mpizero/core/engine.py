@@ -260,6 +260,9 @@ class ZeroEngine:
         tally = self._tallies[index]
         if group.gradients.accumulated:
             tally.note(f"reduce_round({index}) after accumulate for that group in the same step")
+        if self.config.offload is not None:  # one group's streamed sum in memory between rounds, and those started
+            for other in set(range(len(self.groups))) - self._tracker.started - {index}:
+                self.groups[other].gradients.put_sums_away()
         usable = grads is not None and tally.check(grads, self.names)
         self.collectives.watchdog.context = f"step {self.step_number}, round of group {index}"
         mode = self._keep_mode(keep, can_redo)
@@ -562,8 +565,9 @@ class ZeroEngine:
         return total
 
     def memory_report(self) -> dict:
-        """Bytes held now and at the peak so far, by kind; the peak total; the process's peak RSS; and the other
-        ranks' shared pages that RSS counts during a step (``Collectives.mapped_bytes``)."""
+        """Bytes held now and at the peak so far, by kind; the peak total; the process's peak RSS; the other
+        ranks' shared pages that RSS counts during a step (``Collectives.mapped_bytes``); and the bytes this rank
+        keeps on disk (``offload``; 0 in memory)."""
         log = self.memory_log
         return {
             "now": self.memory(),
@@ -571,6 +575,7 @@ class ZeroEngine:
             "peak_total": log.peak_total,
             "rss": peak_rss_bytes(),
             "mapped": self.collectives.mapped_bytes,
+            "disk": sum(g.store.nbytes for g in self.groups if g.store is not None),
         }
 
 

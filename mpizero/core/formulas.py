@@ -87,11 +87,13 @@ def engine_bytes(setup: Setup) -> dict[str, int]:
 
 
 def offload_bytes(setup: Setup) -> dict[str, int]:
-    """Offloaded: the bytes of master, optimizer and grad shards each rank keeps on disk, and the most it reads into
-    memory at once during an update (the largest group's, ``offload.in_turn``)."""
+    """Offloaded: the bytes each rank keeps on disk (master, optimizer and grad shards, and room for the streamed
+    sums between rounds), and the most it reads into memory at once during an update (the largest group's states,
+    ``offload.in_turn``)."""
     plans = setup.counted_plans()
     largest = max(_states_bytes(setup, p) for p, _ in plans)
-    return {"disk": sum(_states_bytes(setup, p) * n for p, n in plans), "in_memory_peak": largest}
+    on_disk = sum((_states_bytes(setup, p) + span(p.owned_range) * setup.wire_bytes) * n for p, n in plans)
+    return {"disk": on_disk, "in_memory_peak": largest}  # on disk, the streamed sums' room too
 
 
 def _states_bytes(setup: Setup, plan: ShardPlan) -> int:

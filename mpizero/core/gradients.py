@@ -50,10 +50,16 @@ class GroupGradients:
         self.owned_numel = stop - start
         self.grad_shard = xp.zeros(self.owned_numel, dtype=np.float32)  # None where offloaded (``offload``)
         self.store = None  # the group's offload file, which holds the grad shard between its decode and its update
+        self.sums_away = False  # offloaded: the streamed sum waits in the file until the next round or the finish
         self.local_grads = self.reduced = self.pending_reduce = self.pending_result = None
         self.sums = None  # on one host: the node-shared accumulators rounds are summed into (the communicator's)
         self.kept: dict[int, list] = {}  # tensor index -> [(array, lowest magnitude bits left out)]
-        self.accumulated, self.rounds_reduced, self.decoded = False, 0, False  # this step's progress
+        self.accumulated, self.rounds_reduced, self.decoded, self.sums_away = (
+            False,
+            0,
+            False,
+            False,
+        )  # this step's progress
 
     @property
     def scatters(self) -> bool:
@@ -117,9 +123,20 @@ class GroupGradients:
         self.sums, self.reduced = sums, sums.own
         return None if grads is None else (tops, outside)
 
+    def put_sums_away(self) -> None:
+        """Offloaded: write the streamed sum to the file and free it, until the group's next round or its finish."""
+        if self.store is not None and self.reduced is not None and not self.sums_away:
+            self.store.write_or_remember({offload.SUMS: self.reduced})
+            self.reduced, self.sums_away = None, True
+
+    def _bring_sums_back(self) -> None:
+        if self.sums_away:
+            self.reduced, self.sums_away = self.store.read_or_remember(offload.SUMS), False
+
     def _scatter_round(self, collectives, reduction, grads, predictions, _):
         """Encode this rank's contribution into a round buffer and reduce-scatter it (several hosts: out of each
         node's shared arena in two levels where the paths say so, else by MPI)."""
+        self._bring_sums_back()
         padded, wire = self.partition.padded_numel, reduction.wire_dtype
         on_arena = self._on_arena(collectives)
         buffer = collectives.shared_buffer(padded, wire) if on_arena else self.xp.empty(padded, dtype=wire)
@@ -182,6 +199,7 @@ class GroupGradients:
         where any rank kept some), and decode the averaged grad shard (once a step)."""
         if self.decoded:
             return
+        self._bring_sums_back()
         if self.pending_reduce is not None:
             self.pending_reduce.wait()
             self._add_reduced(self.pending_result)
@@ -217,7 +235,7 @@ class GroupGradients:
         if self.sums is not None:
             self.sums.unmap_others()
         self._free_step_buffers()
-        self.accumulated, self.rounds_reduced, self.decoded = False, 0, False
+        self.accumulated, self.rounds_reduced, self.decoded, self.sums_away = False, 0, False, False
 
     def _free_step_buffers(self) -> None:
         self.reduced = self.pending_reduce = self.pending_result = None

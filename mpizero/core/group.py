@@ -131,11 +131,11 @@ class FlatGroup:
         """The optimizer's state shards by name."""
         return {name: a for name, a in self.states().items() if name != "master"}
 
-    def offload(self, directory: str, index: int) -> None:
+    def offload(self, directory: str, index: int, wire_dtype) -> None:
         """Move the states and the grad shard to a file of their own in ``directory`` (host groups only), freeing
-        them here."""
-        names = [*self._states, offload.GRAD]
-        self.store = offload.GroupFile(directory, index, names, self.plan.owned_range[1] - self.plan.owned_range[0])
+        them here; the file has room for the streamed sums in ``wire_dtype`` too."""
+        dtypes = {**dict.fromkeys([*self._states, offload.GRAD], np.float32), offload.SUMS: wire_dtype}
+        self.store = offload.GroupFile(directory, index, dtypes, self.plan.owned_range[1] - self.plan.owned_range[0])
         nonzero = {name: a for name, a in self._states.items() if a.view(np.uint32).any()}  # -0.0 is not zero here
         self.store.write(nonzero)  # the file starts as zeros
         self._states = {}

@@ -17,6 +17,7 @@ from mpizero.core import digest, init
 from mpizero.core.group import FlatGroup
 from mpizero.core.layout import FlatLayout
 from mpizero.core.partition import Partition
+from mpizero.core.reduce.reduction import REDUCTIONS
 from mpizero.core.stages import ShardPlan, sharding
 
 
@@ -33,7 +34,7 @@ def build_groups(source: init.ShardedInit, group_names, config, bound, collectiv
             group = FlatGroup(layout, plan, xp, config.param_dtype, fill)
             group.init_optimizer(bound.state_names, bound.group_of)
             if offload_to is not None:
-                group.offload(offload_to, len(groups))
+                group.offload(offload_to, len(groups), REDUCTIONS[config.reduction].wire_dtype)
             groups.append(group)
     except init.FillError as error:
         problem = str(error)

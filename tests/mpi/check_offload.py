@@ -50,6 +50,11 @@ def train(engine, steps, first=1):
             engine.step([forward_backward(MODEL, full, *batches[m])[1] for m in mine])
 
 
+def partial_batch(step):
+    """The trainer's micro-batch ``m`` of ``step``."""
+    return functools.partial(regression_batch, MODEL.widths, 1, step, size=6)
+
+
 def bytes_of(engine):
     return {name: a.tobytes() for name, a in engine.master_params().items()}
 
@@ -96,17 +101,35 @@ def check_states_live_on_disk_between_steps_and_one_group_in_memory_at_once():
     assert held["master"] == held["optimizer"] == 0 and held == formulas.engine_bytes(setup), held
     owned = sum(g.owned_range[1] - g.owned_range[0] for g in engine.groups)
     on_disk = sum(g.store.nbytes for g in engine.groups)
-    assert on_disk == 4 * 4 * owned == formulas.offload_bytes(setup)["disk"]  # master, exp_avg, exp_avg_sq, grad
+    assert on_disk == (4 * 4 + 8) * owned == formulas.offload_bytes(setup)["disk"]  # master, 2 moments, grad; sums
+    assert engine.memory_report()["disk"] == on_disk
     assert held["grads"] == 0
-    assert formulas.offload_bytes(setup)["in_memory_peak"] == max(g.store.nbytes for g in engine.groups)
+    assert formulas.offload_bytes(setup)["in_memory_peak"] == max(
+        g.store.nbytes - 8 * g.store.numel for g in engine.groups
+    )
     peak, largest = engine.memory_report()["peak"], max(g.owned_range[1] - g.owned_range[0] for g in engine.groups)
     assert (peak["master"], peak["optimizer"]) == (4 * largest, 8 * largest), peak  # one group's, read in
-    for disk in (True, False):  # the trainer's rounds at stage 3: offloaded, no int64 owner sums kept either
+    finals, held = {}, [0]
+    reduce_round = ZeroEngine.reduce_round
+
+    def counted(self, index, *args, **kwargs):  # the most streamed sums in memory of groups not yet reducing
+        reduce_round(self, index, *args, **kwargs)
+        waiting = [g for i, g in enumerate(self.groups) if i not in self._tracker.started]
+        held[0] = max(held[0], sum(g.gradients.reduced is not None for g in waiting))
+
+    for disk in (True, False):  # the trainer's rounds at stage 3 (2-5 a step): offloaded, no owner sums kept either
         sharded = engine_at(3, Adam(lr=1e-2), disk=disk)
-        trainer = Trainer(MODEL, sharded, PRECISIONS["fp32"])
-        for step in (1, 2):
-            trainer.step(lambda m, step=step: regression_batch(MODEL.widths, 1, step, m, 6), MICRO_BATCHES)
+        ZeroEngine.reduce_round = counted if disk else reduce_round
+        try:
+            trainer = Trainer(MODEL, sharded, PRECISIONS["fp32"])
+            for step in (1, 2, 3):
+                trainer.step(partial_batch(step), MICRO_BATCHES)
+        finally:
+            ZeroEngine.reduce_round = reduce_round
         assert bool(sharded.collectives.sums) is not disk, disk
+        finals[disk] = bytes_of(sharded)
+    assert finals[True] == finals[False]
+    assert held[0] == 1, held  # offloaded, the other groups' sums wait on disk between rounds
     directory = os.path.dirname(engine.groups[0].store.path)
     assert os.path.basename(directory).startswith(
         f"mpizero-offload-{socket.gethostname()}-{os.getpid()}-rank{rank:05d}-"

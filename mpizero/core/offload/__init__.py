@@ -3,9 +3,10 @@
 With ``offload="disk"`` each rank keeps, per group, one file of the float32
 states it updates: the master shard (unless it is the param shard itself),
 each optimizer state shard and the averaged grad shard (``GRAD``), ``owned
-numel`` elements each, back to back. The grad shard is written as soon as it
-is decoded; the update reads a group's states whole, updates them and writes
-them back (``in_turn``); the kernel reads the next group's ahead and writes the last
+numel`` elements each, back to back, and room for the streamed sum between
+rounds of micro-batches (``SUMS``). The grad shard is written as soon as it is
+decoded; the update reads a group's states whole, updates them and writes them
+back (``in_turn``); the kernel reads the next group's ahead and writes the last
 one's back beside the update, so one group's states are in memory at once.
 Other readers and writers of the states (checkpoints, digests, loads) map the
 file. The arithmetic is the engine's in either case, so offloaded and
@@ -18,7 +19,7 @@ its host.
 """
 
 from mpizero.core.offload.directory import OFFLOADS, PREFIX, RankDirectory, rank_directory
-from mpizero.core.offload.files import GRAD, STATE_DTYPE, GroupFile, MappedStates
+from mpizero.core.offload.files import GRAD, STATE_DTYPE, SUMS, GroupFile, MappedStates
 from mpizero.core.offload.turn import in_turn
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "OFFLOADS",
     "PREFIX",
     "STATE_DTYPE",
+    "SUMS",
     "GroupFile",
     "MappedStates",
     "RankDirectory",

@@ -1,4 +1,9 @@
-"""One group's offloaded states in one file: read and written whole, mapped state by state, checked before use."""
+"""One group's offloaded states in one file: read and written whole, mapped state by state, checked before use.
+
+Besides the update's float32 states the file holds the grad shard (``GRAD``) and
+room for the group's streamed sums (``SUMS``, in the reduction's wire dtype),
+which wait there between rounds of micro-batches.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +15,21 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 GRAD = "grad"  # the averaged grad shard: written once decoded, read in for the update, never written back
+SUMS = "sums"  # the streamed sum between rounds of a step: never read in for the update
 STATE_DTYPE = np.dtype(np.float32)
 
 
 class GroupFile:
-    """One group's offloaded states on this rank: ``names``, each ``numel`` float32 elements, in one file."""
+    """One group's offloaded states on this rank, ``numel`` elements each, by name and dtype, in one file."""
 
-    def __init__(self, directory: str, index: int, names: list[str], numel: int) -> None:
+    def __init__(self, directory: str, index: int, dtypes: dict, numel: int) -> None:
         """Make the file, all zeros (as the optimizer's states start), its blocks allocated now: a disk without
         room for the states fails here, at set-up, not in the middle of a step."""
         self.path = os.path.join(directory, f"group{index:05d}.state")
-        self.names, self.numel = tuple(names), numel
+        self.dtypes = {name: np.dtype(dtype) for name, dtype in dtypes.items()}
+        self.names, self.numel = tuple(self.dtypes), numel
+        offsets = np.cumsum([0] + [numel * dtype.itemsize for dtype in self.dtypes.values()]).tolist()
+        self._offsets, self.nbytes = dict(zip(self.names, offsets)), offsets[-1]
         self.read_bytes = self.written_bytes = 0  # by ``read`` and ``write``, and the seconds they took
         self.io_seconds = 0.0
         self.failure: OSError | None = None  # a write that failed outside the update, raised by the next read
@@ -28,13 +37,6 @@ class GroupFile:
         weakref.finalize(self, os.close, self._fd)
         if self.nbytes:
             os.posix_fallocate(self._fd, 0, self.nbytes)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * STATE_DTYPE.itemsize * len(self.names)
-
-    def _offset(self, name: str) -> int:
-        return self.names.index(name) * self.numel * STATE_DTYPE.itemsize
 
     def check(self) -> None:
         """Raise if the file was deleted or cut short since it was made: the open file would still hold the
@@ -47,13 +49,14 @@ class GroupFile:
         if status.st_size < self.nbytes:
             raise OSError(f"{self.path} was cut to {status.st_size} of its {self.nbytes} bytes while the run uses it")
 
-    def read(self) -> dict[str, np.ndarray]:
-        """Every state, read into new arrays."""
+    def read(self, names=None) -> dict[str, np.ndarray]:
+        """States ``names`` (default: every one the update reads), read into new arrays."""
         self.check()
         start = time.perf_counter()
-        arrays = {name: np.empty(self.numel, STATE_DTYPE) for name in self.names}
+        names = [n for n in self.names if n != SUMS] if names is None else names
+        arrays = {name: np.empty(self.numel, self.dtypes[name]) for name in names}
         for name, array in arrays.items():
-            _read_fully(self._fd, memoryview(array).cast("B"), self._offset(name))
+            _read_fully(self._fd, memoryview(array).cast("B"), self._offsets[name])
             self.read_bytes += array.nbytes
         self.io_seconds += time.perf_counter() - start
         return arrays
@@ -64,7 +67,7 @@ class GroupFile:
         self.check()  # a write would make a cut file whole again, with zeros where the cut was
         start = time.perf_counter()
         for name, array in arrays.items():
-            _write_fully(self._fd, memoryview(np.ascontiguousarray(array)).cast("B"), self._offset(name))
+            _write_fully(self._fd, memoryview(np.ascontiguousarray(array)).cast("B"), self._offsets[name])
             self.written_bytes += array.nbytes
         os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
         self.io_seconds += time.perf_counter() - start
@@ -77,6 +80,14 @@ class GroupFile:
         except OSError as error:
             self.failure = self.failure or error
 
+    def read_or_remember(self, name: str) -> np.ndarray:
+        """State ``name`` read in, or zeros where that fails (remembered, as ``write_or_remember`` does)."""
+        try:
+            return self.read([name])[name]
+        except OSError as error:
+            self.failure = self.failure or error
+            return np.zeros(self.numel, self.dtypes[name])
+
     def prefetch(self) -> None:
         """Ask the kernel to read the whole file ahead, in the background, for the next ``read``."""
         os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_WILLNEED)
@@ -85,14 +96,14 @@ class GroupFile:
         """State ``name`` as a writable view of the file (its pages are read as they are touched)."""
         self.check()
         if not self.numel:
-            return np.empty(0, STATE_DTYPE)
+            return np.empty(0, self.dtypes[name])
         with open(self._fd, "r+b", closefd=False) as file:  # the open file, whatever its path names now
-            return np.memmap(file, STATE_DTYPE, mode="r+", offset=self._offset(name), shape=(self.numel,))
+            return np.memmap(file, self.dtypes[name], mode="r+", offset=self._offsets[name], shape=(self.numel,))
 
 
 class MappedStates(Mapping):
-    """A group's states by name (its grad shard aside): ``held`` ones as they are, the file's mapped on first use,
-    so that a reader of one state (a digest of the master) maps nothing else."""
+    """A group's states by name (its grad shard and sums aside): ``held`` ones as they are, the file's mapped on
+    first use, so that a reader of one state (a digest of the master) maps nothing else."""
 
     def __init__(self, store: GroupFile, held: dict) -> None:
         self._store, self._held = store, dict(held)
@@ -111,7 +122,7 @@ class MappedStates(Mapping):
         return len(set(self._held) | set(self._names()))
 
     def _names(self) -> list[str]:
-        return [name for name in self._store.names if name != GRAD]
+        return [name for name in self._store.names if name not in (GRAD, SUMS)]
 
 
 def _read_fully(fd: int, into: memoryview, offset: int) -> None:

@@ -7,7 +7,7 @@ from functools import partial
 
 import numpy as np
 
-from mpizero.core.offload.files import GRAD, STATE_DTYPE
+from mpizero.core.offload.files import GRAD, STATE_DTYPE, SUMS
 
 
 def in_turn(groups) -> Iterator:
@@ -28,11 +28,12 @@ def in_turn(groups) -> Iterator:
         if position + 1 < len(stored):
             _attempt(stored[position + 1].store.prefetch, failures)
         store = group.store
-        arrays = _attempt(store.read, failures) or {n: np.zeros(store.numel, STATE_DTYPE) for n in store.names}
-        group.hold(arrays)
+        arrays = _attempt(store.read, failures)
+        group.hold(arrays or {n: np.zeros(store.numel, STATE_DTYPE) for n in store.names if n != SUMS})
         yield group
         group.drop()
-        _attempt(partial(store.write, {n: a for n, a in arrays.items() if n != GRAD}), failures)
+        if arrays is not None:  # never zeros over the states a failed read left on disk
+            _attempt(partial(store.write, {n: a for n, a in arrays.items() if n != GRAD}), failures)
     if failures:
         raise failures[0]
 
