@@ -1,9 +1,11 @@
 """The disk tier (``offload="disk"``) under real mpiexec at 1-4 ranks: same bytes as in memory and as the
 reference, states on disk between steps, checkpoints across tiers and stages, agreed errors."""
 
+import io
 import json
 import os
 
+import numpy as np
 import pytest
 from checkpoint_runs import train
 from mpirun import WORLD_SIZES, run_mpi, run_mpi_ok
@@ -35,11 +37,18 @@ def straight(tmp_path_factory):
 
 @pytest.mark.parametrize(("n", "stage"), [(1, 0), (3, 2), (4, 3)])
 def test_train_with_an_offload_dir_gives_the_in_memory_bytes(tmp_path, straight, n, stage):
-    out, offload = tmp_path / "params.npy", tmp_path / "offload"
-    log = train(n, stage, 4, "--offload-dir", offload, "--save-params", out)
+    """Its parameters, and those its checkpoint (written from the offload files) consolidates to."""
+    out, offload, ckpt, full = tmp_path / "params.npy", tmp_path / "offload", tmp_path / "ckpt", tmp_path / "full.npz"
+    log = train(
+        n, stage, 4, "--offload-dir", offload, "--save-params", out, "--checkpoint-dir", ckpt, "--checkpoint-every", 4
+    )
     assert out.read_bytes() == straight, log
     assert "memory on rank 0:  params" in log and " on disk " in log, log
     assert os.listdir(offload) == []  # every rank's directory removed at exit
+    run_mpi_ok(1, ["-m", "mpizero", "consolidate", str(ckpt / "ckpt-00000004"), str(full)])
+    with np.load(full, allow_pickle=False) as saved:
+        flat = np.concatenate([saved[name].reshape(-1) for name in saved.files])
+    assert flat.tobytes() == np.load(io.BytesIO(straight), allow_pickle=False).tobytes()
 
 
 def test_kill_9_in_an_offloaded_update_resumes_to_the_same_bytes(tmp_path, straight):
@@ -136,8 +145,6 @@ FITS = ["--ram", "1e12", "--disk", "8e9"]  # memory to spare: the disk decides
 
 def test_parameters_on_a_device_are_refused_at_the_door(tmp_path):
     """The tier keeps host arrays: a device engine (here the CPU stand-in for CuPy) is refused before set-up."""
-    import numpy as np
-
     from mpizero import SGD, ZeroEngine, ZeroError, standin
 
     params = {"w": standin.asarray(np.ones(4, np.float32))}
