@@ -72,7 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--offload-dir",
         default=None,
-        help="keep the master and optimizer states in files here, each rank in a directory of its own (disk tier)",
+        help="keep the master, optimizer and grad shards in files here, each rank in a directory of its own "
+        "(the disk tier)",
     )
     parser.add_argument("--checkpoint-dir", default=None, help="save sharded checkpoints here")
     parser.add_argument(

@@ -31,8 +31,8 @@ class ZeroConfig:
     - allow_singleton: run as a 1-rank world even where a launcher says it started more processes.
     - scale_headroom: bits between the predicted and the largest expected gradient (``scales``); a step whose
       largest gradient moved by more is redone.
-    - offload: ``"disk"`` keeps the master and optimizer state shards in files in ``offload_dir`` (``offload``),
-      or None.
+    - offload: ``"disk"`` keeps the master, optimizer and grad shards (and the streamed sums between rounds) in
+      files in ``offload_dir`` (``offload``), or None.
     """
 
     stage: int = 2

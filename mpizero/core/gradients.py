@@ -54,12 +54,7 @@ class GroupGradients:
         self.local_grads = self.reduced = self.pending_reduce = self.pending_result = None
         self.sums = None  # on one host: the node-shared accumulators rounds are summed into (the communicator's)
         self.kept: dict[int, list] = {}  # tensor index -> [(array, lowest magnitude bits left out)]
-        self.accumulated, self.rounds_reduced, self.decoded, self.sums_away = (
-            False,
-            0,
-            False,
-            False,
-        )  # this step's progress
+        self.accumulated, self.rounds_reduced, self.decoded = False, 0, False  # this step's progress
 
     @property
     def scatters(self) -> bool:

@@ -154,7 +154,9 @@ class FlatGroup:
         update, or mapped from the file."""
         if self.store is None:
             return self.gradients.grad_shard
-        return self._resident[offload.GRAD] if self._resident is not None else self.store.mapped(offload.GRAD)
+        if self._resident is not None:
+            return self._resident[offload.GRAD]
+        return self.store.mapped_or_remember(offload.GRAD)  # read by one rank alone (the norm, torch's .grad)
 
     def owned_segments(self) -> list[tuple[int, int, int]]:
         """Return ``(tensor index, start, stop)`` of each tensor's piece of the owned range (owned-relative)."""
@@ -275,7 +277,10 @@ class FlatGroup:
     def memory(self) -> dict[str, int]:
         """Bytes this group holds now, by kind (see ``memory.KINDS``)."""
         transient_full = self.plan.gathers_params and self.full_params is not None
-        in_memory = {**self._states, offload.GRAD: self.grad_shard} if self.store is None else self._resident or {}
+        if self.store is None:
+            in_memory = {**self._states, offload.GRAD: self.grad_shard}
+        else:  # offloaded: what is read in for the update, if anything
+            in_memory = self._resident or {}
         return {
             "params": self.param_shard.nbytes if self.plan.gathers_params else self.full_params.nbytes,
             "gathered": self.full_params.nbytes if transient_full else 0,

@@ -7,10 +7,10 @@ master params of an offloaded run (the same at any world size), then ``offload c
 
 import functools
 import gc
+import itertools
 import os
 import resource
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -37,8 +37,8 @@ BASE = os.path.join(sys.argv[1], f"node-of-rank-{rank}")  # a directory per rank
 os.makedirs(BASE, exist_ok=True)
 
 
-def engine_at(stage, optimizer, dtype="float32", disk=True):
-    settings = {"offload": "disk", "offload_dir": BASE} if disk else {}
+def engine_at(stage, optimizer, dtype="float32", disk=True, **settings):
+    settings.update({"offload": "disk", "offload_dir": BASE} if disk else {})
     return ZeroEngine(MODEL.init(1), optimizer, stage=stage, groups=GROUPS, param_dtype=dtype, **settings)
 
 
@@ -131,9 +131,7 @@ def check_states_live_on_disk_between_steps_and_one_group_in_memory_at_once():
     assert finals[True] == finals[False]
     assert held[0] == 1, held  # offloaded, the other groups' sums wait on disk between rounds
     directory = os.path.dirname(engine.groups[0].store.path)
-    assert os.path.basename(directory).startswith(
-        f"mpizero-offload-{socket.gethostname()}-{os.getpid()}-rank{rank:05d}-"
-    )
+    assert os.path.basename(directory).startswith(f"{offload.owners_prefix()}{os.getpid()}-rank{rank:05d}-")
     assert sorted(os.listdir(directory)) == [f"group{i:05d}.state" for i in range(len(GROUPS))]
     del engine
     gc.collect()
@@ -155,8 +153,10 @@ def check_checkpoints_cross_between_offloaded_and_in_memory_runs(directory):
 
 
 def check_a_file_deleted_or_cut_on_one_rank_ends_the_step_on_every_rank():
-    for harm, words in ((os.remove, "was deleted while the run uses it"), (cut, "was cut to")):
-        engine = engine_at(2, Adam(lr=1e-2))
+    """With clipping too: the norm reads every grad shard on each rank alone, before the update agrees."""
+    harms = ((os.remove, "was deleted while the run uses it"), (cut, "was cut to"))
+    for (harm, words), clip in itertools.product(harms, (None, 1e-3)):
+        engine = engine_at(2, Adam(lr=1e-2), clip_norm=clip)
         train(engine, 2)
         if rank == size - 1:
             harm(engine.groups[1].store.path)
@@ -183,10 +183,12 @@ def check_a_disk_too_small_on_one_rank_is_one_agreed_error_at_set_up():
 
 def check_a_killed_runs_directory_is_removed_by_the_next_engine():
     dead = 2**22 + 12345  # above Linux's largest process id
-    left = os.path.join(BASE, f"{offload.PREFIX}{socket.gethostname()}-{dead}-rank{rank:05d}-x")
+    left = os.path.join(BASE, f"{offload.owners_prefix()}{dead}-rank{rank:05d}-x")
+    other_host = os.path.join(BASE, f"{offload.owners_prefix().rstrip('-')}9-{dead}-rank{rank:05d}-x")
     os.makedirs(left)
+    os.makedirs(other_host)  # another host's or namespace's, whose name begins as ours: never removed
     engine_at(0, SGD(lr=0.1))
-    assert not os.path.exists(left)
+    assert not os.path.exists(left) and os.path.exists(other_host)
 
 
 def check_a_directory_one_rank_cannot_use_is_one_agreed_error():

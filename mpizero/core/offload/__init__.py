@@ -18,7 +18,7 @@ engine, or at exit; one a killed process left is removed by the next engine on
 its host.
 """
 
-from mpizero.core.offload.directory import OFFLOADS, PREFIX, RankDirectory, rank_directory
+from mpizero.core.offload.directory import OFFLOADS, PREFIX, RankDirectory, owners_prefix, rank_directory
 from mpizero.core.offload.files import GRAD, STATE_DTYPE, SUMS, GroupFile, MappedStates
 from mpizero.core.offload.turn import in_turn
 
@@ -32,5 +32,6 @@ __all__ = [
     "MappedStates",
     "RankDirectory",
     "in_turn",
+    "owners_prefix",
     "rank_directory",
 ]

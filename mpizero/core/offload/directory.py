@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -30,20 +31,28 @@ def rank_directory(config, device: str, rank: int, owner: object) -> tuple[RankD
 class RankDirectory:
     """This rank's own directory inside ``base``, removed when ``owner`` is freed or the process exits.
 
-    Its name holds the host and the process id, so that a later engine on the same host removes the directories
-    of processes that no longer run (a run killed with SIGKILL leaves its directory behind).
+    Its name holds the host, the process-id namespace and the process id (``owners_prefix``), so that a later
+    engine that sees the same processes removes the directories of those that no longer run (a run killed with
+    SIGKILL leaves its directory behind), and never another host's or container's.
     """
 
     def __init__(self, base: str, rank: int, owner: object) -> None:
-        host = socket.gethostname()
-        _remove_left_behind(base, f"{PREFIX}{host}-")
-        self.path = tempfile.mkdtemp(prefix=f"{PREFIX}{host}-{os.getpid()}-rank{rank:05d}-", dir=base)
+        _remove_left_behind(base)
+        self.path = tempfile.mkdtemp(prefix=f"{owners_prefix()}{os.getpid()}-rank{rank:05d}-", dir=base)
         weakref.finalize(owner, shutil.rmtree, self.path, ignore_errors=True)
 
 
-def _remove_left_behind(base: str, ours: str) -> None:
-    """Remove the offload directories in ``base`` named ``ours``PID-... whose process no longer runs."""
+def owners_prefix() -> str:
+    """``mpizero-offload-HOST-NAMESPACE-``: the start of the names of the directories that processes this one
+    can see (the same host and process-id namespace) make."""
+    namespace = os.stat("/proc/self/ns/pid").st_ino if os.path.exists("/proc/self/ns/pid") else 0
+    return f"{PREFIX}{socket.gethostname()}-{namespace}-"
+
+
+def _remove_left_behind(base: str) -> None:
+    """Remove the offload directories in ``base`` that processes this one can see made, and that no longer run."""
+    named = re.compile(re.escape(owners_prefix()) + r"(\d+)-rank\d{5}-")
     for entry in os.scandir(base):
-        pid = entry.name.removeprefix(ours).split("-", 1)[0]
-        if entry.name.startswith(ours) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+        made_by = named.match(entry.name)
+        if made_by and not os.path.exists(f"/proc/{made_by[1]}"):
             shutil.rmtree(entry.path, ignore_errors=True)

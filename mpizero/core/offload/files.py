@@ -92,6 +92,15 @@ class GroupFile:
         """Ask the kernel to read the whole file ahead, in the background, for the next ``read``."""
         os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_WILLNEED)
 
+    def mapped_or_remember(self, name: str) -> np.ndarray:
+        """``mapped``, from a place where a failure cannot be agreed on: zeros instead, the failure remembered for
+        the update's next read to raise (where every rank agrees, and the step is not kept)."""
+        try:
+            return self.mapped(name)
+        except (OSError, ValueError) as error:  # ValueError: numpy's, for a mapping past a cut file's end
+            self.failure = self.failure or OSError(str(error))
+            return np.zeros(self.numel, self.dtypes[name])
+
     def mapped(self, name: str) -> np.ndarray:
         """State ``name`` as a writable view of the file (its pages are read as they are touched)."""
         self.check()

@@ -30,10 +30,13 @@ def in_turn(groups) -> Iterator:
         store = group.store
         arrays = _attempt(store.read, failures)
         group.hold(arrays or {n: np.zeros(store.numel, STATE_DTYPE) for n in store.names if n != SUMS})
-        yield group
-        group.drop()
+        try:
+            yield group
+        finally:  # whatever ends the caller's loop, the group reads its file again from now on
+            group.drop()
         if arrays is not None:  # never zeros over the states a failed read left on disk
             _attempt(partial(store.write, {n: a for n, a in arrays.items() if n != GRAD}), failures)
+        arrays = None  # freed before the next group's are read: one group's states in memory at a time
     if failures:
         raise failures[0]
 

@@ -46,9 +46,10 @@ class GroupTally:
         if tops and not isinstance(tops[0], int):
             self.pending.append((tops, outside))
             return
-        self._fold(tops, outside)
+        self.fold(tops, outside)
 
-    def _fold(self, tops, outside) -> None:
+    def fold(self, tops, outside) -> None:
+        """Fold one contribution's maxima (as bit patterns) and left-out counts, per tensor, into the tally."""
         for index, (top, left_out) in enumerate(zip(tops, outside)):
             self.top_bits[index] = max(self.top_bits[index], int(top))
             self.kept[index] |= int(left_out) > 0
@@ -83,7 +84,7 @@ def settle_pending(tallies) -> None:
     for tally in waiting:
         for _ in tally.pending:
             tops = [next(values) for _ in tally.specs]
-            tally._fold(tops, [next(values) for _ in tally.specs])
+            tally.fold(tops, [next(values) for _ in tally.specs])
         tally.pending = []
 
 
