@@ -73,33 +73,30 @@ class GroupFile:
         self.io_seconds += time.perf_counter() - start
 
     def write_or_remember(self, arrays: dict[str, np.ndarray]) -> None:
-        """``write``, from a place where a failure cannot be agreed on: one is raised by the next ``read``, in the
-        update, where every rank agrees."""
-        try:
-            self.write(arrays)
-        except OSError as error:
-            self.failure = self.failure or error
+        """``write``, from a place where a failure cannot be agreed on (``_remembering``)."""
+        self._remembering(lambda: self.write(arrays))
 
     def read_or_remember(self, name: str) -> np.ndarray:
-        """State ``name`` read in, or zeros where that fails (remembered, as ``write_or_remember`` does)."""
+        """State ``name`` read in, or zeros where that fails (``_remembering``)."""
+        return self._remembering(lambda: self.read([name])[name], zeros_of=name)
+
+    def _remembering(self, action, zeros_of: str | None = None):
+        """``action()``, from a place where a failure cannot be agreed on: on one, zeros shaped as state
+        ``zeros_of`` (or None), and the failure remembered for the update's next read to raise, where every rank
+        agrees and the step is not kept. (A ValueError is numpy's, for a mapping past a cut file's end.)"""
         try:
-            return self.read([name])[name]
-        except OSError as error:
-            self.failure = self.failure or error
-            return np.zeros(self.numel, self.dtypes[name])
+            return action()
+        except (OSError, ValueError) as error:
+            self.failure = self.failure or (error if isinstance(error, OSError) else OSError(str(error)))
+            return None if zeros_of is None else np.zeros(self.numel, self.dtypes[zeros_of])
 
     def prefetch(self) -> None:
         """Ask the kernel to read the whole file ahead, in the background, for the next ``read``."""
         os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_WILLNEED)
 
     def mapped_or_remember(self, name: str) -> np.ndarray:
-        """``mapped``, from a place where a failure cannot be agreed on: zeros instead, the failure remembered for
-        the update's next read to raise (where every rank agrees, and the step is not kept)."""
-        try:
-            return self.mapped(name)
-        except (OSError, ValueError) as error:  # ValueError: numpy's, for a mapping past a cut file's end
-            self.failure = self.failure or OSError(str(error))
-            return np.zeros(self.numel, self.dtypes[name])
+        """State ``name`` mapped, or zeros where that fails (``_remembering``)."""
+        return self._remembering(lambda: self.mapped(name), zeros_of=name)
 
     def mapped(self, name: str) -> np.ndarray:
         """State ``name`` as a writable view of the file (its pages are read as they are touched)."""
