@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mpizero import standin
 from mpizero.core.reduce import exact, fused, kernels
 
 
@@ -48,6 +49,29 @@ def test_the_kernels_c_expressions():
     assert fused.masked("total", fused.C_OPS, True) == "total = 0 + (long long)rintf(ldexpf(inside ? x : 0.0f, k))"
     host = fused.encode(fused.HOST_C_OPS, "total[i]", "v", "f")
     assert host == "total[i] + (int64_t)(inside ? nearbyintf(v * f) : 0.0f)" and host in kernels.SOURCE
+    assert fused.masked_pair("total", fused.C_OPS, False) == (
+        "total = total + (long long)rintf(ldexpf(inside ? x : 0.0f, k)) + (long long)rintf(ldexpf(inside_y ? y : "
+        "0.0f, k))"
+    )
+    paired = f"{host} + (int64_t)(inside_y ? nearbyintf(w * f) : 0.0f)"
+    assert f"total[i] = {paired};" in kernels.SOURCE
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(-140, 140), cap=st.integers(0, exact.INF_BITS), assign=st.booleans())
+def test_the_device_paired_encode_gives_the_hosts_bytes(seed, k, cap, assign):
+    """The stand-in evaluates the device's paired kernel (``fused.numpy_kernels``): the host's paired bytes, counts
+    and maxima, each contribution's own."""
+    x, y = gradients(seed), gradients(seed + 7)[::-1].copy()
+    total = np.random.default_rng(seed).integers(-(2**40), 2**40, x.size)
+    host = total.copy()
+    device = standin.asarray(total)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = kernels.encode_pair(host, x, y, k, 0, cap, assign)
+        found = fused.device_encode_pair(standin, device, standin.asarray(x), standin.asarray(y), k, 0, cap, assign)
+    assert [tuple(int(v) for v in standin.asnumpy(standin.stack(list(f)))) for f in found] == [*expected]
+    reach = np.abs(np.ldexp(x.astype(np.float64), k)) + np.abs(np.ldexp(y.astype(np.float64), k)) < 2.0**61
+    assert standin.asnumpy(device)[reach].tobytes() == host[reach].tobytes()
 
 
 @pytest.mark.parametrize("arrays", [[], [np.zeros(0, np.float32)], [np.array([1.0, -3.0, np.nan], np.float32)]])

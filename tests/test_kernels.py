@@ -53,6 +53,28 @@ def test_the_compiled_encode_gives_numpys_bytes(seed, n, k, lo, width, assign):
     assert (compiled - base)[inside & in_reach].tolist() == expected[inside & in_reach].astype(np.int64).tolist()
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(0, 3000),
+    k=st.integers(-140, 140),
+    lo=st.integers(0, exact.INF_BITS),
+    width=st.integers(0, 2**32),
+    assign=st.booleans(),
+)
+def test_the_paired_encode_gives_two_single_encodes_bytes(seed, n, k, lo, width, assign):
+    x, y = gradients(seed, n), gradients(seed + 1, n)
+    hi = min(lo + width, 2**32 - 1)
+    start = np.random.default_rng(seed).integers(-(2**40), 2**40, n)
+    paired, single = start.copy(), start.copy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        found = kernels.encode_pair(paired, x, y, k, lo, hi, assign)
+        expected = kernels.numpy_encode(single, x, k, lo, hi, assign), kernels.numpy_encode(single, y, k, lo, hi, False)
+    assert found == expected  # each contribution's own maximum and left-out count
+    reach = np.abs(np.ldexp(x.astype(np.float64), k)) + np.abs(np.ldexp(y.astype(np.float64), k)) < 2.0**61
+    assert paired[reach].tobytes() == single[reach].tobytes()  # beyond it (NaN, inf, overflow): never decoded
+
+
 def test_scales_beyond_float32s_exponents_take_numpys_ldexp():
     x = np.array([2.0**-100, -(2.0**-120), 3.0 * 2.0**-140], dtype=np.float32)
     total = np.zeros(3, np.int64)

@@ -71,6 +71,9 @@ def test_the_first_steps_held_gradients_wait_in_host_memory(monkeypatch, stage):
     model, zero = standin_model(monkeypatch, stage)
     backward_passes(model, 3)
     held = [a for g in zero.engine.groups for arrays in g.gradients.kept.values() for a, _ in arrays]
+    waiting = [a for g in zero.engine.groups if g.gradients.waiting for a in g.gradients.waiting.grads.values()]
+    assert len(waiting) == (6 if stage < 2 else 0)  # stages 0-1 pair passes: the third waits for a partner
+    held += [standin.asnumpy(a) for a in waiting]  # encoded, then kept, at the step
     assert len(held) == 3 * 6 and all(isinstance(a, np.ndarray) for a in held)  # every tensor of every pass
     zero.step()
     assert array_module(zero.engine.groups[0].grad_shard) is standin

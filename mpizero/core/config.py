@@ -31,6 +31,9 @@ class ZeroConfig:
     - allow_singleton: run as a 1-rank world even where a launcher says it started more processes.
     - scale_headroom: bits between the predicted and the largest expected gradient (``scales``); a step whose
       largest gradient moved by more is redone.
+    - pair_contributions: hold a contribution whose arrays the caller gave up until the next arrives, and encode
+      the two in one pass (the same bytes, 12 bytes an element and contribution instead of 20, one held float32
+      gradient); None: where the stage keeps full local grads anyway (0-1, ``ShardPlan.pairs_contributions``).
     - offload: ``"disk"`` keeps the master, optimizer and grad shards (and the streamed sums between rounds) in
       files in ``offload_dir`` (``offload``), or None.
     """
@@ -45,6 +48,7 @@ class ZeroConfig:
     watchdog: float | None = None
     allow_singleton: bool = False
     scale_headroom: int = HEADROOM
+    pair_contributions: bool | None = None
     offload: str | None = None
     offload_dir: str | None = None
 
@@ -64,6 +68,8 @@ class ZeroConfig:
             raise ValueError(f"watchdog must be a positive number of seconds or None, got {self.watchdog!r}")
         if not isinstance(self.scale_headroom, int) or not 0 <= self.scale_headroom <= MAX_HEADROOM:
             raise ValueError(f"scale_headroom must be an int in [0, {MAX_HEADROOM}], got {self.scale_headroom!r}")
+        if self.pair_contributions not in (None, True, False):
+            raise ValueError(f"pair_contributions must be True, False or None, got {self.pair_contributions!r}")
         if self.offload not in OFFLOADS:
             raise ValueError(f"offload must be one of {OFFLOADS}, got {self.offload!r}")
         if (self.offload is None) != (self.offload_dir is None) or not isinstance(self.offload_dir, (str, type(None))):

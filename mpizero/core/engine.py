@@ -106,6 +106,8 @@ class ZeroEngine:
             source, group_names, self.config, self.bound, self.collectives, offloaded and offloaded.path
         )
         self.numel = sum(g.layout.numel for g in self.groups)
+        pairs = self.config.pair_contributions
+        self.pairs = self.groups[0].plan.pairs_contributions if pairs is None else pairs
         if sharded:
             setup.agree_held_params(self.groups, self.collectives)
         self.initial_digest = self.master_digest()
@@ -219,7 +221,7 @@ class ZeroEngine:
         self._begin_step()
         indices = range(len(self.groups)) if groups is None else list(groups)
         for index in indices:
-            self._hand_in(index, grads, self._keep_mode(keep, can_redo), can_redo)
+            self._hand_in(index, grads, self._keep_mode(keep, can_redo), can_redo, given_up=keep == "reference")
         self._sample_after(indices)
 
     def _keep_mode(self, keep: str, can_redo: bool) -> Keep:
@@ -229,15 +231,21 @@ class ZeroEngine:
         redo = self.on_device and can_redo and not self._holding
         return Keep.REDO if redo else Keep(keep)
 
-    def _hand_in(self, index: int, grads: Mapping, keep: Keep, can_redo: bool) -> None:
-        """Stream one contribution's tensors of group ``index`` into its local grads, and tally them."""
+    def _hand_in(self, index: int, grads: Mapping, keep: Keep, can_redo: bool, given_up: bool) -> None:
+        """Stream one contribution's tensors of group ``index`` into its local grads, and tally them (those
+        encoded now: a contribution whose arrays the caller ``given_up`` may wait to be encoded with the next)."""
         tally = self._tallies[index]
         if self.groups[index].gradients.rounds_reduced:
             tally.note(f"group {index} was reduced round by round: its gradients cannot also be accumulated")
         if tally.check(grads, self.names):
             gradients = self.groups[index].gradients
-            found = gradients.accumulate(self.reduction, grads, self.scales.used[index], keep, can_redo)
-            self._record(tally, index, found, can_redo, keep)
+            predictions, pairs = self.scales.used[index], given_up and self.pairs
+            encoded = gradients.accumulate(self.reduction, grads, predictions, keep, can_redo, pairs)
+            self._record_encoded(tally, index, encoded)
+
+    def _record_encoded(self, tally, index: int, encoded) -> None:
+        for contribution, found in encoded:
+            self._record(tally, index, found, contribution.measure, contribution.keep)
 
     def _record(self, tally, index: int, found, can_redo: bool, keep: Keep) -> None:
         tally.record(*found)
@@ -284,7 +292,8 @@ class ZeroEngine:
             return
         tally = self._tallies[index]
         for grads in contributions:
-            self._hand_in(index, grads, Keep.REFERENCE, can_redo=False)
+            self._hand_in(index, grads, Keep.REFERENCE, can_redo=False, given_up=True)
+        self._record_encoded(tally, index, self.groups[index].gradients.flush(self.reduction))  # the last one
         self.collectives.watchdog.context = f"step {self.step_number}, group {index}"
         settle_pending(self._tallies)  # every group's device maxima so far, in one copy
         agreed = self.collectives.agree(tally.agreement_row(self._read_hyper(tally)))

@@ -13,6 +13,11 @@ Glossary (with ``group``'s, these names and no others):
 - streamed sum: the sum over ranks of the encoded contributions over this rank's
   owned range, at the step's predicted scales (``reduced``; on one host, this
   rank's accumulator of the owner sums).
+- waiting: a contribution whose arrays the caller gave up, held (not copied)
+  until the next one arrives, so that the two are encoded into the local grads
+  in one pass (``encode_pair``: the bytes of two encodes, 12 bytes an element
+  and contribution instead of 20); the last one alone is encoded before the
+  step's agreement (``flush``).
 - kept: elements the stream left out (beyond the cap, or a tensor with no
   prediction), held as float32 arrays until the step's scales are agreed, then
   encoded at the chosen scales and reduced in one more collective.
@@ -23,6 +28,7 @@ Glossary (with ``group``'s, these names and no others):
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,6 +46,15 @@ class Keep(enum.Enum):
     REDO = "redo"  # hold nothing: an element left out makes the step run again, holding (the caller can redo)
 
 
+class Waiting(NamedTuple):
+    """A contribution handed in but not yet encoded, and how to hold what its encode leaves out."""
+
+    grads: dict  # this group's arrays by name (the caller's dict may change)
+    predictions: list
+    keep: Keep
+    measure: bool
+
+
 class GroupGradients:
     """The gradient buffers of one flat group on one rank, through one step."""
 
@@ -54,6 +69,7 @@ class GroupGradients:
         self.local_grads = self.reduced = self.pending_reduce = self.pending_result = None
         self.sums = None  # on one host: the node-shared accumulators rounds are summed into (the communicator's)
         self.kept: dict[int, list] = {}  # tensor index -> [(array, lowest magnitude bits left out)]
+        self.waiting: Waiting | None = None
         self.accumulated, self.rounds_reduced, self.decoded = False, 0, False  # this step's progress
 
     @property
@@ -73,14 +89,39 @@ class GroupGradients:
                 collectives.shared_buffer(padded, wire, id(self)) if on_arena else self.xp.zeros(padded, dtype=wire)
             )
 
-    def accumulate(self, reduction, grads, predictions, keep: Keep, measure: bool) -> tuple[list, list]:
-        """Fold one contribution into the local grads (no communication); return its maxima and left-out counts."""
+    def accumulate(self, reduction, grads, predictions, keep: Keep, measure: bool, may_wait: bool) -> list:
+        """Fold one contribution into the local grads (no communication); return each contribution encoded now
+        with its maxima and left-out counts, ``[(Waiting, (tops, outside))]``. ``may_wait``: the caller will not
+        write these arrays again and pairing is on, so where the reduction pairs they may wait, unencoded, for the
+        next contribution (none encoded now, or both)."""
+        arrived = Waiting({spec.name: grads[spec.name] for spec in self.layout.specs}, predictions, keep, measure)
+        if self.waiting is None and may_wait and reduction.pairs:
+            self.waiting = arrived
+            return []
+        if self.waiting is not None and self.waiting.predictions is not predictions:
+            return [*self.flush(reduction), *self.accumulate(reduction, grads, predictions, keep, measure, may_wait)]
+        pair = [arrived] if self.waiting is None else [self.waiting, arrived]
+        self.waiting = None
         if self.local_grads is None:
             self.local_grads = self.xp.empty(self.partition.padded_numel, dtype=reduction.wire_dtype)
-        found = reduction.encode(self.local_grads, grads, self.layout, predictions, not self.accumulated)
-        self._keep(grads, predictions, found[1], keep, measure)
+        first = not self.accumulated
+        if len(pair) == 1:
+            found = [reduction.encode(self.local_grads, pair[0].grads, self.layout, predictions, first)]
+        else:
+            found = reduction.encode_pair(self.local_grads, *(c.grads for c in pair), self.layout, predictions, first)
+        for contribution, (_, outside) in zip(pair, found):
+            self._keep(contribution.grads, predictions, outside, contribution.keep, contribution.measure)
         self.accumulated = True
-        return found
+        return list(zip(pair, found))
+
+    def flush(self, reduction) -> list:
+        """Encode the contribution waiting for a partner, if any, alone; return its maxima and counts (as
+        ``accumulate``)."""
+        if self.waiting is None:
+            return []
+        grads, predictions, keep, measure = self.waiting
+        self.waiting = None
+        return self.accumulate(reduction, grads, predictions, keep, measure, may_wait=False)
 
     def reduce_round(self, collectives, reduction, grads, predictions, keep: Keep, measure: bool):
         """Sum one round's contribution (or zeros) over ranks into the streamed sum (collective where anything
@@ -233,13 +274,15 @@ class GroupGradients:
         self.accumulated, self.rounds_reduced, self.decoded, self.sums_away = False, 0, False, False
 
     def _free_step_buffers(self) -> None:
-        self.reduced = self.pending_reduce = self.pending_result = None
+        self.reduced = self.pending_reduce = self.pending_result = self.waiting = None
         self.kept = {}
         if not self.plan.keeps_local_grads:
             self.local_grads = None
 
-    def kept_bytes(self) -> int:
-        return sum(int(a.nbytes) for arrays in self.kept.values() for a, _ in arrays)
+    def held_bytes(self) -> int:
+        """Bytes of the caller's gradients held: elements kept beyond the cap, and a contribution waiting."""
+        waiting = 0 if self.waiting is None else sum(int(g.nbytes) for g in self.waiting.grads.values())
+        return waiting + sum(int(a.nbytes) for arrays in self.kept.values() for a, _ in arrays)
 
     def comm_bytes(self) -> int:
         """Bytes of this step's gradient buffers (an owner sums accumulator is the communicator's: not counted)."""

@@ -284,7 +284,7 @@ class FlatGroup:
         return {
             "params": self.param_shard.nbytes if self.plan.gathers_params else self.full_params.nbytes,
             "gathered": self.full_params.nbytes if transient_full else 0,
-            "grads": (in_memory[offload.GRAD].nbytes if offload.GRAD in in_memory else 0) + self.gradients.kept_bytes(),
+            "grads": (in_memory[offload.GRAD].nbytes if offload.GRAD in in_memory else 0) + self.gradients.held_bytes(),
             "master": in_memory["master"].nbytes if "master" in in_memory else 0,  # shared: counted as params
             "optimizer": sum(a.nbytes for name, a in in_memory.items() if name not in ("master", offload.GRAD)),
             "comm": self.gradients.comm_bytes(),

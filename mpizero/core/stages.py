@@ -99,6 +99,12 @@ class ShardPlan:
         return not self.sharding.grads
 
     @property
+    def pairs_contributions(self) -> bool:
+        """Whether contributions are encoded two in one pass by default: where full local grads are kept anyway,
+        the held float32 gradient costs half of them; beside a shard it would be a whole gradient more."""
+        return self.keeps_local_grads
+
+    @property
     def reduces_each_round(self) -> bool:
         """Whether a layer-wise trainer reduce-scatters every round of micro-batches at once (sharded gradients:
         DeepSpeed's and FSDP's default), instead of folding rounds into the local grads and reducing once."""

@@ -66,22 +66,31 @@ C_OPS = SimpleNamespace(
     to_float32=lambda a: f"(float)({a})",
 )
 
+
+def masked_ops(ops, mask: str) -> SimpleNamespace:
+    """``ops`` whose rounding gives 0 where the C expression ``mask`` is false (``HOST_C_OPS``'s, for another
+    input's mask)."""
+    return SimpleNamespace(**{**vars(ops), "rint": lambda a: f"({mask} ? nearbyintf({a}) : 0.0f)"})
+
+
 # The host kernel multiplies by the float32 2**k (exact, as ldexp is) and rounds with nearbyintf; the element's
 # mask selects between the rounded value and 0 there, which keeps GCC from folding the rounding and the cast into
 # a scalar llrintf, so the loop vectorizes. The int64 add wraps (-fwrapv) where a pass that will be redone overflows.
-HOST_C_OPS = SimpleNamespace(
-    **{
-        **vars(C_OPS),
-        "rint": lambda a: f"(inside ? nearbyintf({a}) : 0.0f)",
-        "ldexp": lambda a, b: f"{a} * {b}",
-        "to_int64": lambda a: f"(int64_t){a}",
-    }
+HOST_C_OPS = masked_ops(
+    SimpleNamespace(**{**vars(C_OPS), "ldexp": lambda a, b: f"{a} * {b}", "to_int64": lambda a: f"(int64_t){a}"}),
+    "inside",
 )
 
 
 def masked(total: str, ops, assign: bool) -> str:
     """A kernel's statement: the encode of ``x`` where ``inside``, of 0 elsewhere (the total stays as it was)."""
     return f"{total} = {encode(ops, '0' if assign else total, 'inside ? x : 0.0f', 'k')}"
+
+
+def masked_pair(total: str, ops, assign: bool) -> str:
+    """The paired kernel's statement: ``masked`` of ``x`` (where ``inside``), then of ``y`` (where ``inside_y``)."""
+    first = encode(ops, "0" if assign else total, "inside ? x : 0.0f", "k")
+    return f"{total} = {encode(ops, first, 'inside_y ? y : 0.0f', 'k')}"
 
 
 def numpy_kernels(kernel) -> SimpleNamespace:
@@ -96,24 +105,44 @@ def numpy_kernels(kernel) -> SimpleNamespace:
 
         return kernel(body)
 
+    def masked_encode_pair(assign: bool):
+        def body(x, y, k, lo, hi, total):
+            for operand, first in ((x, assign), (y, False)):
+                bits = operand.view(np.uint32) & np.uint32(0x7FFFFFFF)
+                kept_in = np.where((bits >= lo) & (bits < hi), operand, np.float32(0))
+                total[...] = encode(numpy_ops(int(k)), np.int64(0) if first else total, kept_in, int(k))
+
+        return kernel(body)
+
     def decode_into(total, divisor, out):
         out[...] = decode(NUMPY_OPS, total, divisor)
 
-    return SimpleNamespace(add=masked_encode(False), assign=masked_encode(True), decode=kernel(decode_into))
+    return SimpleNamespace(
+        add=masked_encode(False),
+        assign=masked_encode(True),
+        add_pair=masked_encode_pair(False),
+        assign_pair=masked_encode_pair(True),
+        decode=kernel(decode_into),
+    )
 
 
 @functools.cache
 def kernels(cupy) -> SimpleNamespace:
-    """The device kernels (built on first use): ``add``, ``assign`` (masked encodes), ``decode``; compiled by CuPy,
-    or evaluated by NumPy on the stand-in."""
+    """The device kernels (built on first use): ``add``, ``assign`` (masked encodes), their ``_pair`` forms (two
+    contributions in one pass), ``decode``; compiled by CuPy, or evaluated by NumPy on the stand-in."""
     if is_standin(cupy):
         return numpy_kernels(cupy.kernel)
     make = cupy.ElementwiseKernel
     inputs = "float32 x, int32 k, uint32 lo, uint32 hi"
+    pair_inputs = "float32 x, float32 y, int32 k, uint32 lo, uint32 hi"
     bits = "unsigned int b = __float_as_uint(x) & 0x7fffffffu; bool inside = b >= lo && b < hi;"
+    bits_y = "unsigned int c = __float_as_uint(y) & 0x7fffffffu; bool inside_y = c >= lo && c < hi;"
+    pair = f"{bits} {bits_y}"
     return SimpleNamespace(
         add=make(inputs, "int64 total", f"{bits} {masked('total', C_OPS, False)};", "mz_add"),
         assign=make(inputs, "int64 total", f"{bits} {masked('total', C_OPS, True)};", "mz_assign"),
+        add_pair=make(pair_inputs, "int64 total", f"{pair} {masked_pair('total', C_OPS, False)};", "mz_add_pair"),
+        assign_pair=make(pair_inputs, "int64 total", f"{pair} {masked_pair('total', C_OPS, True)};", "mz_assign_pair"),
         decode=make(
             "int64 total, float64 divisor", "float32 out", f"out = {decode(C_OPS, 'total', 'divisor')}", "mz_decode"
         ),
@@ -125,6 +154,12 @@ def device_encode(cupy, total, x, k: int, lo: int, hi: int, assign: bool):
     scalars, so no host synchronisation happens here."""
     (kernels(cupy).assign if assign else kernels(cupy).add)(x, k, lo, hi, total)
     return device_top_and_outside(cupy, x, lo, hi)
+
+
+def device_encode_pair(cupy, total, x, y, k: int, lo: int, hi: int, assign: bool):
+    """``device_encode`` of ``x`` then ``y`` in one pass over ``total``; each one's (top, outside) device scalars."""
+    (kernels(cupy).assign_pair if assign else kernels(cupy).add_pair)(x, y, k, lo, hi, total)
+    return [device_top_and_outside(cupy, x, lo, hi), device_top_and_outside(cupy, y, lo, hi)]
 
 
 def device_top_and_outside(cupy, x, lo: int, hi: int):

@@ -12,6 +12,8 @@ contribution's elements ``[start, start + total.size)`` of the group's padded
 buffer into ``total`` and returns, per tensor, the largest magnitude's float32
 bit pattern and how many elements it left out (beyond the prediction's cap, or
 every element of a tensor with no prediction): those are the caller's to keep.
+Where the reduction ``pairs``, ``encode_pair`` folds two contributions in one
+pass over ``total``, with the bytes of two ``encode`` calls.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class ExactReduction:
     wire_dtype = np.dtype(np.int64)
     bitwise = True
     result_can_overflow = False  # the mean of values below the agreed maximum is below it
+    pairs = True  # integer sums are associative: two contributions may be added in one pass
 
     def predict(self, history: tuple[float, int] | None, headroom: int) -> scales.Prediction | None:
         return None if history is None else scales.predict(*history, headroom)
@@ -43,13 +46,21 @@ class ExactReduction:
     def encode(self, total, grads, layout, predictions, assign: bool, start: int = 0) -> tuple[list, list]:
         """Fold one contribution into ``total`` (elements ``start`` on) at each tensor's predicted scale, below
         its cap; with ``assign``, write the span (zeros beyond the tensors) instead of adding to it."""
+        return self._encode(total, [grads], layout, predictions, assign, start)[0]
 
-        def encode_one(view, x, index: int, first: bool):
+    def encode_pair(self, total, grads, second, layout, predictions, assign: bool, start: int = 0) -> list:
+        """``encode`` of ``grads`` then of ``second`` in one pass over ``total``; each one's (maxima, left out)."""
+        return self._encode(total, [grads, second], layout, predictions, assign, start)
+
+    def _encode(self, total, contributions, layout, predictions, assign: bool, start: int) -> list:
+        def encode_one(view, pieces, index: int, first: bool):
             prediction = predictions[index]  # None: nothing is in range, every element is left out
             k, cap = (0, 0) if prediction is None else (prediction.k, prediction.cap_bits)
-            return encode_range(view, x, k, 0, cap, first)
+            if len(pieces) == 1:
+                return [encode_range(view, pieces[0], k, 0, cap, first)]
+            return encode_pair_range(view, *pieces, k, 0, cap, first)
 
-        return _spans(total, grads, layout, start, assign, encode_one)
+        return _spans(total, contributions, layout, start, assign, encode_one)
 
     def measure(self, grads, specs) -> tuple[list, list]:
         """One contribution's largest magnitudes, every element left out (a pass that encodes nothing)."""
@@ -75,17 +86,21 @@ class ExactReduction:
         exact.decode(reduced, scale, count, out)
 
 
-def _spans(total, grads, layout, start: int, assign: bool, encode_one) -> tuple[list, list]:
-    """Run ``encode_one(view, piece, tensor index, assign)`` on each tensor's piece of ``[start, start + size)``;
-    return per tensor the largest magnitude's bits and the count left out (0 for tensors outside the span)."""
+def _spans(total, contributions, layout, start: int, assign: bool, encode_one) -> list[tuple[list, list]]:
+    """Run ``encode_one(view, pieces, tensor index, assign)`` on each tensor's pieces (one per contribution) of
+    ``[start, start + size)``, which returns each piece's (largest magnitude's bits, count left out); return per
+    contribution and tensor those two (0 for tensors outside the span)."""
     stop = start + total.size
     if assign:
         total[max(layout.numel, start) - start :] = 0  # the padding
-    tops, outside = [0] * len(layout.specs), [0] * len(layout.specs)
+    found = [([0] * len(layout.specs), [0] * len(layout.specs)) for _ in contributions]
     for index, spec, lo, hi in layout.overlaps(start, stop):
-        piece = grads[spec.name].reshape(-1)[lo - spec.offset : hi - spec.offset]
-        tops[index], outside[index] = encode_one(total[lo - start : hi - start], piece, index, assign)
-    return tops, outside
+        pieces = [grads[spec.name].reshape(-1)[lo - spec.offset : hi - spec.offset] for grads in contributions]
+        for (tops, outside), (top, left) in zip(
+            found, encode_one(total[lo - start : hi - start], pieces, index, assign)
+        ):
+            tops[index], outside[index] = top, left
+    return found
 
 
 def encode_range(total, x, k: int, lo: int, hi: int, assign: bool):
@@ -94,6 +109,14 @@ def encode_range(total, x, k: int, lo: int, hi: int, assign: bool):
     if xp is np:
         return kernels.encode(total, x, k, lo, hi, assign)
     return fused.device_encode(xp, total, x, k, lo, hi, assign)
+
+
+def encode_pair_range(total, x, y, k: int, lo: int, hi: int, assign: bool):
+    """``encode_range`` of ``x`` then ``y`` in one pass over ``total``: each one's (maxima's bits, left out)."""
+    xp = array_module(total)
+    if xp is np:
+        return kernels.encode_pair(total, x, y, k, lo, hi, assign)
+    return fused.device_encode_pair(xp, total, x, y, k, lo, hi, assign)
 
 
 def top_bits(x):
@@ -108,6 +131,7 @@ class NativeReduction:
     wire_dtype = np.dtype(np.float32)
     bitwise = False
     result_can_overflow = True  # a float32 sum of finite values can reach inf
+    pairs = False  # a float32 sum's bits depend on the order of its additions
     EVERYTHING = scales.Prediction(0, 1 << 20, 0)
 
     def predict(self, history, headroom: int) -> scales.Prediction:
@@ -120,15 +144,16 @@ class NativeReduction:
         return 0
 
     def encode(self, total, grads, layout, predictions, assign: bool, start: int = 0) -> tuple[list, list]:
-        def add_one(view, x, index: int, first: bool):
+        def add_one(view, pieces, index: int, first: bool):
+            (x,) = pieces
             with np.errstate(over="ignore"):  # an overflow becomes inf, which the engine agrees on after the sum
                 if first:
                     view[...] = x
                 else:
                     view += x
-            return top_bits(x), 0
+            return [(top_bits(x), 0)]
 
-        return _spans(total, grads, layout, start, assign, add_one)
+        return _spans(total, [grads], layout, start, assign, add_one)[0]
 
     def measure(self, grads, specs) -> tuple[list, list]:
         return [top_bits(grads[spec.name].reshape(-1)) for spec in specs], [0] * len(specs)
