@@ -23,7 +23,9 @@ if mpiexec --version 2>&1 | grep -qiE "open mpi|openrte"; then  # 5.x says "Open
   fi
 fi
 
-cores=$(nproc)  # before OMP_NUM_THREADS below: GNU nproc reports that variable when it is set
+# The CPUs this process may use: GNU nproc reports OMP_NUM_THREADS or OMP_THREAD_LIMIT instead where either is set
+# (as the docs advise exporting OMP_NUM_THREADS=1), so it must not see them.
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 # One BLAS and torch thread per rank (torch reads OMP_NUM_THREADS): N ranks of one thread fill N cores,
 # N ranks of many threads each would fight over them.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1

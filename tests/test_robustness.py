@@ -89,9 +89,16 @@ def test_local_launch_script_hands_a_script_its_arguments_and_one_thread(tmp_pat
 
 
 @pytest.mark.parametrize("more_than_cores", [0, 1])
-def test_local_launch_script_lets_waiting_ranks_sleep_only_with_more_ranks_than_cores(tmp_path, more_than_cores):
+@pytest.mark.parametrize("threads", [{"OMP_NUM_THREADS": "1"}, {"OMP_THREAD_LIMIT": "1"}, {}])
+def test_local_launch_script_lets_waiting_ranks_sleep_only_with_more_ranks_than_cores(
+    tmp_path, more_than_cores, threads
+):
+    """The machine's cores are counted whatever the user exported (the docs advise ``OMP_NUM_THREADS=1``, which GNU
+    ``nproc`` would report instead)."""
     answer = 'if [ "$1" = --version ]; then echo HYDRA; else echo "yield ${MPIR_CVAR_ENABLE_HEAVY_YIELD:-unset}"; fi\n'
-    env = launch_env(fake_bin(tmp_path, "mpiexec", answer))
+    env = launch_env(fake_bin(tmp_path, "mpiexec", answer), **threads)
+    for name in {"OMP_NUM_THREADS", "OMP_THREAD_LIMIT"} - set(threads):
+        env.pop(name, None)
     env.pop("MPIR_CVAR_ENABLE_HEAVY_YIELD", None)  # the suite sets it for its own jobs
     ranks = len(os.sched_getaffinity(0)) + more_than_cores  # as many ranks as cores, or one more (nproc's count)
     done = subprocess.run(
