@@ -21,8 +21,8 @@ from mpizero.comm.collectives import Collectives
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="a checkpoint directory, or a directory of checkpoints")
-    parser.add_argument("output", help="the .npz file to write")
+    parser.add_argument("checkpoint", type=options.path, help="a checkpoint directory, or a directory of checkpoints")
+    parser.add_argument("output", type=options.path, help="the .npz file to write")
     parser.add_argument("--optimizer", action="store_true", help="include the optimizer state")
     options.add(parser, "watchdog", help="seconds the other ranks may wait for rank 0 to finish (0: forever)")
 

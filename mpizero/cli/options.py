@@ -22,8 +22,10 @@ from mpizero.errors import ZeroError
 from mpizero.training.registry import MODELS, Size, entry, formula_setups
 from mpizero.training.trainer import DEFAULT_BUCKET_ELEMS
 
+MAX_WHOLE = 2**31 - 1  # a count beyond a C int reaches no loop, buffer or MPI call of a real run
 
-def whole(minimum: int, maximum: int | None = None):
+
+def whole(minimum: int, maximum: int = MAX_WHOLE):
     """An argparse type: a whole number in ``[minimum, maximum]`` (``1e8`` is accepted as 100000000)."""
 
     def parse(text: str) -> int:
@@ -34,12 +36,18 @@ def whole(minimum: int, maximum: int | None = None):
         if not (math.isfinite(value) and value.is_integer()):
             raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}")
         value = int(value)
-        if value < minimum or (maximum is not None and value > maximum):
-            limits = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
-            raise argparse.ArgumentTypeError(f"must be {limits}, got {value}")
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be from {minimum} to {maximum}, got {value}")
         return value
 
     return parse
+
+
+def path(text: str) -> str:
+    """An argparse type: a file or directory path, refused where empty (it names no place) or holding a NUL."""
+    if not text or "\0" in text:
+        raise argparse.ArgumentTypeError(f"must be a path, got {text!r}")
+    return text
 
 
 def number(minimum: float, above: bool = False):

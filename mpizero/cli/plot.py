@@ -36,7 +36,9 @@ MAX_PARTITION_PARAMS = 64  # one cell per parameter: beyond this the figure is t
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("figure", choices=list(FIGURES), help="which figure to draw")
-    parser.add_argument("-o", "--output", required=True, help="the image file to write (.png, .pdf, .svg, ...)")
+    parser.add_argument(
+        "-o", "--output", required=True, type=options.path, help="the image file to write (.png, .pdf, .svg, ...)"
+    )
     options.add(parser, "ranks")
     parser.add_argument(
         "--params",

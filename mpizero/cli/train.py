@@ -65,17 +65,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-overlap", action="store_true", help="use blocking collectives only")
     options.add(parser, "watchdog")
     parser.add_argument("--log-every", type=options.whole(1), default=10, help="steps between progress lines")
-    parser.add_argument("--save-params", default=None, help="write the final fp32 master parameters here (.npy)")
     parser.add_argument(
-        "--memory-json", default=None, help="write rank 0's memory report and every rank's peaks here (JSON)"
+        "--save-params", type=options.path, default=None, help="write the final fp32 master parameters here (.npy)"
+    )
+    parser.add_argument(
+        "--memory-json",
+        type=options.path,
+        default=None,
+        help="write rank 0's memory report and every rank's peaks here (JSON)",
     )
     parser.add_argument(
         "--offload-dir",
+        type=options.path,
         default=None,
         help="keep the master, optimizer and grad shards in files here, each rank in a directory of its own "
         "(the disk tier)",
     )
-    parser.add_argument("--checkpoint-dir", default=None, help="save sharded checkpoints here")
+    parser.add_argument("--checkpoint-dir", type=options.path, default=None, help="save sharded checkpoints here")
     parser.add_argument(
         "--checkpoint-every",
         type=options.whole(1),
@@ -85,7 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--keep", type=options.whole(1), default=None, help="complete checkpoints to keep (needs --checkpoint-dir; 2)"
     )
-    parser.add_argument("--resume", default=None, help="a checkpoint, or a directory of them (newest complete)")
+    parser.add_argument(
+        "--resume", type=options.path, default=None, help="a checkpoint, or a directory of them (newest complete)"
+    )
     parser.add_argument(
         "--resume-override",
         action="append",
