@@ -163,9 +163,6 @@ def print_scale_table(args) -> None:
     )
 
 
-SAVE_COLUMNS = ("rank file", "manifest", "reshard needs", "reshard reads")
-
-
 def _named(numels: list[tuple[int, ...]], counts: tuple[int, ...]) -> tuple[dict, list[list[str]]]:
     """Shapes and groups for a checkpoint of these groups (each ``count`` times), under made-up tensor names."""
     shapes, groups = {}, []

@@ -29,8 +29,3 @@ def copied(direction: str, nbytes: int, waits: bool) -> None:
 def waited() -> None:
     """Count one wait of the host on the device (``synchronize``)."""
     COUNTS["sync"] += 1
-
-
-def transfers() -> int:
-    """Copies over the bus so far, both ways."""
-    return COUNTS["d2h"] + COUNTS["h2d"]

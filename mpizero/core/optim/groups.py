@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import hashlib
 
-from mpizero.core.optim.hyper import IMPLEMENTATION_FLAGS, as_dict, field_names
+from mpizero.core.optim.hyper import as_dict, field_names
 
-IGNORED = {"params", *IMPLEMENTATION_FLAGS}
 DIGEST_BITS = 52  # a digest exact in a float64, so ranks can agree on it in a max-reduction
 
 

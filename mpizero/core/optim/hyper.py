@@ -10,9 +10,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-# Settings torch.optim accepts that choose an implementation, not the algorithm: any value is accepted and ignored.
-IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable")
-
 
 def _check(name: str, value, low: float, high: float = math.inf, closed_high: bool = False) -> None:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -97,9 +97,6 @@ class AdamRule:
         return out
 
 
-RULES = {"SGD": SGDRule, "Adam": AdamRule}
-
-
 def update(rule, hyper, step: int, param, grad, state: dict) -> None:
     """Apply one step of ``rule`` in place: ``param`` and ``state`` from ``grad`` (flat float32 arrays, equal
     length); ``step`` counts the optimizer steps taken, from 1. Host arrays go in cache-sized chunks, device
