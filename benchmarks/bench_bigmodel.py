@@ -83,6 +83,7 @@ def worker(args) -> None:
     from mpizero import AdamW, ZeroEngine
     from mpizero.core.memory import peak_rss_bytes
     from mpizero.core.precision import PRECISIONS
+    from mpizero.core.states import InFile
     from mpizero.training.trainer import Trainer, make_groups
 
     comm = MPI.COMM_WORLD
@@ -99,7 +100,7 @@ def worker(args) -> None:
         **offloaded,
     )
     setup_s, setup_rss = time.perf_counter() - start, peak_rss_bytes()
-    files = [g.store for g in engine.groups if g.store is not None]
+    files = [g.place.file for g in engine.groups if isinstance(g.place, InFile)]
     io_before = [sum(getattr(f, k) for f in files) for k in ("read_bytes", "written_bytes", "io_seconds")]
     trainer = Trainer(model, engine, PRECISIONS["fp32"])
     losses, start = [], time.perf_counter()

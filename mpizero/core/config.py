@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpizero.core.offload import OFFLOADS
 from mpizero.core.precision import PRECISIONS
 from mpizero.core.reduce.reduction import REDUCTIONS
 from mpizero.core.reduce.scales import HEADROOM
 from mpizero.core.stages import STAGES
+from mpizero.core.states import OFFLOADS
 
 NONFINITE_POLICIES = ("raise", "skip")
 MAX_HEADROOM = 16  # more would leave fewer bits than float32's mantissa between the quantum and the maximum
@@ -35,7 +35,7 @@ class ZeroConfig:
       the two in one pass (the same bytes, 12 bytes an element and contribution instead of 20, one held float32
       gradient); None: where the stage keeps full local grads anyway (0-1, ``ShardPlan.pairs_contributions``).
     - offload: ``"disk"`` keeps the master, optimizer and grad shards (and the streamed sums between rounds) in
-      files in ``offload_dir`` (``offload``), or None.
+      files in ``offload_dir`` (``states``), or None.
     """
 
     stage: int = 2

@@ -21,7 +21,7 @@ from mpi4py import MPI
 from mpizero.arrays import array_module
 from mpizero.comm import agree, launch
 from mpizero.comm.collectives import Collectives
-from mpizero.core import faults, offload, precision, setup
+from mpizero.core import faults, precision, setup, states
 from mpizero.core.config import ZeroConfig
 from mpizero.core.gradients import Keep
 from mpizero.core.group import FlatGroup, ParamState, StatePiece
@@ -83,7 +83,7 @@ class ZeroEngine:
         source = params if sharded or problem is not None else from_arrays(params)  # what fill makes values from
         problem = problem or precision.device_problem(source.device, self.config.param_dtype)
         offloaded, offload_problem = (
-            offload.rank_directory(self.config, source.device, self.comm.Get_rank(), self)
+            states.rank_directory(self.config, source.device, self.comm.Get_rank(), self)
             if problem is None
             else (None, None)
         )
@@ -268,9 +268,8 @@ class ZeroEngine:
         tally = self._tallies[index]
         if group.gradients.accumulated:
             tally.note(f"reduce_round({index}) after accumulate for that group in the same step")
-        if self.config.offload is not None:  # one group's streamed sum in memory between rounds, and those started
-            for other in set(range(len(self.groups))) - self._tracker.started - {index}:
-                self.groups[other].gradients.put_sums_away()
+        for other in set(range(len(self.groups))) - self._tracker.started - {index}:  # offloaded: one group's
+            self.groups[other].gradients.put_sums_away()  # streamed sum in memory between rounds, and those started
         usable = grads is not None and tally.check(grads, self.names)
         self.collectives.watchdog.context = f"step {self.step_number}, round of group {index}"
         mode = self._keep_mode(keep, can_redo)
@@ -397,15 +396,15 @@ class ZeroEngine:
         return StepResult(self.step_count, skipped=False, grad_norm=grad_norm)
 
     def _update_in_turn(self, hyper: tuple) -> str | None:
-        """Update and publish every group in turn, offloaded ones with their states read in (``offload.in_turn``);
+        """Update and publish every group in turn, offloaded ones with their states read in (``states.in_turn``);
         return what failed on disk, if anything (every group is still updated and published)."""
         try:
-            for index, group in enumerate(offload.in_turn(self.groups)):
+            for index, group in enumerate(states.in_turn(self.groups)):
                 if index == 1:  # the first group written back, the others not yet
                     faults.maybe_kill("update", self.step_count, self.comm.Get_rank())
                 group.update(self.bound.rule, hyper, self.step_count)
                 group.publish(self.collectives)
-                if group.store is not None:  # its states read in, the group before's dropped: count both
+                if group.place.reads_in:  # its states read in, the group before's dropped: count both
                     self._sample_after(range(max(index - 1, 0), index + 1))
         except OSError as error:
             return f"offloaded training state: {error}; resume from the last checkpoint"
@@ -576,7 +575,7 @@ class ZeroEngine:
     def memory_report(self) -> dict:
         """Bytes held now and at the peak so far, by kind; the peak total; the process's peak RSS; the other
         ranks' shared pages that RSS counts during a step (``Collectives.mapped_bytes``); and the bytes this rank
-        keeps on disk (``offload``; 0 in memory)."""
+        keeps on disk (``states``; 0 in memory)."""
         log = self.memory_log
         return {
             "now": self.memory(),
@@ -584,7 +583,7 @@ class ZeroEngine:
             "peak_total": log.peak_total,
             "rss": peak_rss_bytes(),
             "mapped": self.collectives.mapped_bytes,
-            "disk": sum(g.store.nbytes for g in self.groups if g.store is not None),
+            "disk": sum(g.place.disk_bytes for g in self.groups),
         }
 
 

@@ -54,7 +54,7 @@ class Setup:
     nodes: int = 1
     two_level: bool = False  # reduce-scatters and all-gathers in two levels (inside nodes, then across)
     group_counts: tuple[int, ...] = ()  # how many groups of each size in ``group_numels`` (empty: one each)
-    offloaded: bool = False  # the master, optimizer and grad shards live in files (``offload``)
+    offloaded: bool = False  # the master, optimizer and grad shards live in files (``states``)
 
     def counts(self) -> tuple[int, ...]:
         return self.group_counts or (1,) * len(self.group_numels)
@@ -89,7 +89,7 @@ def engine_bytes(setup: Setup) -> dict[str, int]:
 def offload_bytes(setup: Setup) -> dict[str, int]:
     """Offloaded: the bytes each rank keeps on disk (master, optimizer and grad shards, and room for the streamed
     sums between rounds), and the most it reads into memory at once during an update (the largest group's states,
-    ``offload.in_turn``)."""
+    ``states.in_turn``)."""
     plans = setup.counted_plans()
     largest = max(_states_bytes(setup, p) for p, _ in plans)
     on_disk = sum((_states_bytes(setup, p) + span(p.owned_range) * setup.wire_bytes) * n for p, n in plans)

@@ -21,8 +21,9 @@ Glossary (with ``group``'s, these names and no others):
 - kept: elements the stream left out (beyond the cap, or a tensor with no
   prediction), held as float32 arrays until the step's scales are agreed, then
   encoded at the chosen scales and reduced in one more collective.
-- grad shard: the averaged float32 gradient over the owned range; offloaded,
-  written to the group's file once decoded, and read in again for the update.
+- grad shard: the averaged float32 gradient over the owned range, where the
+  group's place keeps it (``states``; offloaded: written to the group's file
+  once decoded, and read in again for the update).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from typing import NamedTuple
 import numpy as np
 
 from mpizero.arrays import read_back, to_host
-from mpizero.core import offload
 from mpizero.core.reduce import exact
 from mpizero.core.stages import GradientCollective
 
@@ -58,14 +58,12 @@ class Waiting(NamedTuple):
 class GroupGradients:
     """The gradient buffers of one flat group on one rank, through one step."""
 
-    def __init__(self, layout, plan, xp, segments) -> None:
+    def __init__(self, layout, plan, xp, segments, place) -> None:
         self.layout, self.plan, self.partition, self.xp = layout, plan, plan.partition, xp
         self.segments = segments  # (tensor index, start, stop) of each tensor's piece, owned-relative
         start, stop = plan.owned_range
         self.owned_numel = stop - start
-        self.grad_shard = xp.zeros(self.owned_numel, dtype=np.float32)  # None where offloaded (``offload``)
-        self.store = None  # the group's offload file, which holds the grad shard between its decode and its update
-        self.sums_away = False  # offloaded: the streamed sum waits in the file until the next round or the finish
+        self.place = place  # where the grad shard lives (``states``), and the streamed sum between rounds
         self.local_grads = self.reduced = self.pending_reduce = self.pending_result = None
         self.sums = None  # on one host: the node-shared accumulators rounds are summed into (the communicator's)
         self.kept: dict[int, list] = {}  # tensor index -> [(array, lowest magnitude bits left out)]
@@ -129,7 +127,7 @@ class GroupGradients:
         if not any(p is not None for p in predictions):  # nothing to sum this pass: measure or keep only
             found = None if grads is None else reduction.measure(grads, self.layout.specs)
         else:
-            shared = self.xp is np and self.store is None  # offloaded: no int64 sums kept between steps either
+            shared = self.xp is np and self.place.keeps_sums
             sums = collectives.owner_sums(id(self), self.owned_numel, reduction.wire_dtype) if shared else None
             round_ = self._push_round if sums is not None else self._scatter_round
             found = round_(collectives, reduction, grads, predictions, sums)
@@ -160,14 +158,14 @@ class GroupGradients:
         return None if grads is None else (tops, outside)
 
     def put_sums_away(self) -> None:
-        """Offloaded: write the streamed sum to the file and free it, until the group's next round or its finish."""
-        if self.store is not None and self.reduced is not None and not self.sums_away:
-            self.store.write_or_remember({offload.SUMS: self.reduced})
-            self.reduced, self.sums_away = None, True
+        """Let the place keep the streamed sum until the group's next round or its finish (offloaded: in the file,
+        freed here)."""
+        self.reduced = self.place.park_sums(self.reduced)
 
     def _bring_sums_back(self) -> None:
-        if self.sums_away:
-            self.reduced, self.sums_away = self.store.read_or_remember(offload.SUMS), False
+        parked = self.place.unpark_sums()
+        if parked is not None:
+            self.reduced = parked
 
     def _scatter_round(self, collectives, reduction, grads, predictions, _):
         """Encode this rank's contribution into a round buffer and reduce-scatter it (several hosts: out of each
@@ -249,12 +247,11 @@ class GroupGradients:
             kept_sum = self.xp.empty(self.owned_numel, dtype=wire)
             self._collective(collectives, buffer, kept_sum, True)
             total += kept_sum
-        shard = self.grad_shard if self.store is None else self.xp.empty(self.owned_numel, dtype=np.float32)
+        shard = self.place.decode_target()
         shard[...] = 0
         for index, lo, hi in self.segments:
             reduction.decode(total[lo:hi], chosen[index], count, shard[lo:hi])
-        if self.store is not None:
-            self.store.write_or_remember({offload.GRAD: shard})
+        self.place.decoded(shard)
         self._free_step_buffers()
         self.decoded = True
 
@@ -271,7 +268,8 @@ class GroupGradients:
         if self.sums is not None:
             self.sums.unmap_others()
         self._free_step_buffers()
-        self.accumulated, self.rounds_reduced, self.decoded, self.sums_away = False, 0, False, False
+        self.place.forget_step()
+        self.accumulated, self.rounds_reduced, self.decoded = False, 0, False
 
     def _free_step_buffers(self) -> None:
         self.reduced = self.pending_reduce = self.pending_result = self.waiting = None

@@ -16,8 +16,9 @@ Glossary (these names and no others):
   ``ShardPlan.master_is_param_shard``): the update writes the params directly.
 - optimizer state shard: the optimizer's buffers over the owned range.
 - padding: the zeros after the last tensor; they stay zero through every update.
-- offloaded (``offload``): the master, optimizer state and grad shards live in
-  the group's file, read in for the update (``hold``) and mapped otherwise.
+- place (``states``): where the master, optimizer state and grad shards live,
+  in memory or in the group's file (offloaded: read in for the update, mapped
+  otherwise); the group asks it, whichever it is.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpizero.arrays import to_host
-from mpizero.core import offload
 from mpizero.core.gradients import GroupGradients
 from mpizero.core.layout import FlatLayout, TensorSpec
 from mpizero.core.optim import rules
 from mpizero.core.stages import Publish, ShardPlan
+from mpizero.core.states import GRAD, InMemory
 
 
 class ParamState(enum.Enum):
@@ -90,7 +91,6 @@ class FlatGroup:
         for _, spec, lo, hi in layout.overlaps(held_start, held_stop):
             held[lo - held_start : hi - held_start] = fill(spec.name, lo - spec.offset, hi - spec.offset)
         start, stop = plan.owned_range
-        self.gradients = GroupGradients(layout, plan, xp, self.owned_segments())
         self.pending_gather = None
         if plan.gathers_params:
             self.full_params = None
@@ -103,9 +103,9 @@ class FlatGroup:
             self.state = ParamState.UNSHARDED
         self.shares_master = plan.master_is_param_shard(self.param_dtype.itemsize)
         owned = held[start - held_start : stop - held_start]
-        self._states: dict = {} if self.shares_master else {"master": owned.copy()}  # fp32, over the owned range
-        self.store: offload.GroupFile | None = None  # where the states live instead, offloaded
-        self._resident: dict | None = None  # the offloaded states read in for an update (``offload.in_turn``)
+        states = {} if self.shares_master else {"master": owned.copy()}  # fp32, over the owned range
+        self.place = InMemory(states, xp.zeros(stop - start, dtype=np.float32))
+        self.gradients = GroupGradients(layout, plan, xp, self.owned_segments(), self.place)
 
     @property
     def owned_range(self) -> tuple[int, int]:
@@ -114,12 +114,7 @@ class FlatGroup:
     def states(self) -> Mapping:
         """The master shard (``master``) and each optimizer state shard, by name: in memory, read in for an update,
         or mapped from the offload file as each is used."""
-        shared = {"master": self.param_shard} if self.shares_master else {}
-        if self.store is None:
-            return {**shared, **self._states}
-        if self._resident is None:
-            return offload.MappedStates(self.store, shared)
-        return {**shared, **{name: a for name, a in self._resident.items() if name != offload.GRAD}}
+        return self.place.states({"master": self.param_shard} if self.shares_master else {})
 
     @property
     def master_shard(self):
@@ -134,29 +129,12 @@ class FlatGroup:
     def offload(self, directory: str, index: int, wire_dtype) -> None:
         """Move the states and the grad shard to a file of their own in ``directory`` (host groups only), freeing
         them here; the file has room for the streamed sums in ``wire_dtype`` too."""
-        dtypes = {**dict.fromkeys([*self._states, offload.GRAD], np.float32), offload.SUMS: wire_dtype}
-        self.store = offload.GroupFile(directory, index, dtypes, self.plan.owned_range[1] - self.plan.owned_range[0])
-        nonzero = {name: a for name, a in self._states.items() if a.view(np.uint32).any()}  # -0.0 is not zero here
-        self.store.write(nonzero)  # the file starts as zeros
-        self._states = {}
-        self.gradients.store, self.gradients.grad_shard = self.store, None
-
-    def hold(self, arrays: dict) -> None:
-        """Use ``arrays`` (the offloaded states, read in) until ``drop``."""
-        self._resident = arrays
-
-    def drop(self) -> None:
-        self._resident = None
+        self.place = self.gradients.place = self.place.to_file(directory, index, wire_dtype)
 
     @property
     def grad_shard(self):
-        """The averaged float32 gradient over the owned range (``gradients``): offloaded, as read in for the
-        update, or mapped from the file."""
-        if self.store is None:
-            return self.gradients.grad_shard
-        if self._resident is not None:
-            return self._resident[offload.GRAD]
-        return self.store.mapped_or_remember(offload.GRAD)  # read by one rank alone (the norm, torch's .grad)
+        """The averaged float32 gradient over the owned range, wherever it lives (``place``)."""
+        return self.place.grad_shard
 
     def owned_segments(self) -> list[tuple[int, int, int]]:
         """Return ``(tensor index, start, stop)`` of each tensor's piece of the owned range (owned-relative)."""
@@ -185,7 +163,7 @@ class FlatGroup:
     def state_buffer(self, name: str):
         """The owned-range buffer of training state ``name``: ``master``, ``grad`` (the averaged grad shard, once
         reduced) or an optimizer state."""
-        return self.grad_shard if name == offload.GRAD else self.states()[name]
+        return self.grad_shard if name == GRAD else self.states()[name]
 
     def set_state(self, name: str, values) -> None:
         """Set state ``name`` over the owned range from full float32 host tensors by name (copied to the device
@@ -208,7 +186,7 @@ class FlatGroup:
     def init_optimizer(self, state_names, param_group_of: dict[str, int]) -> None:
         """Zero every optimizer state shard; note which parameter group updates each run of the owned range."""
         start, stop = self.owned_range
-        self._states.update({n: self.xp.zeros(stop - start, dtype=np.float32) for n in state_names})
+        self.place.add({n: self.xp.zeros(stop - start, dtype=np.float32) for n in state_names})
         runs: list[list[int]] = []
         for index, lo, hi in self.owned_segments():
             group = param_group_of[self.layout.specs[index].name]
@@ -277,15 +255,12 @@ class FlatGroup:
     def memory(self) -> dict[str, int]:
         """Bytes this group holds now, by kind (see ``memory.KINDS``)."""
         transient_full = self.plan.gathers_params and self.full_params is not None
-        if self.store is None:
-            in_memory = {**self._states, offload.GRAD: self.grad_shard}
-        else:  # offloaded: what is read in for the update, if anything
-            in_memory = self._resident or {}
+        in_memory = self.place.in_memory()  # offloaded: what is read in for the update, if anything
         return {
             "params": self.param_shard.nbytes if self.plan.gathers_params else self.full_params.nbytes,
             "gathered": self.full_params.nbytes if transient_full else 0,
-            "grads": (in_memory[offload.GRAD].nbytes if offload.GRAD in in_memory else 0) + self.gradients.held_bytes(),
+            "grads": (in_memory[GRAD].nbytes if GRAD in in_memory else 0) + self.gradients.held_bytes(),
             "master": in_memory["master"].nbytes if "master" in in_memory else 0,  # shared: counted as params
-            "optimizer": sum(a.nbytes for name, a in in_memory.items() if name not in ("master", offload.GRAD)),
+            "optimizer": sum(a.nbytes for name, a in in_memory.items() if name not in ("master", GRAD)),
             "comm": self.gradients.comm_bytes(),
         }

@@ -22,7 +22,7 @@ from expect import expect_error
 
 from mpizero import SGD, Adam, Reference, ZeroEngine, split_evenly
 from mpizero.checkpoint import store
-from mpizero.core import formulas, offload
+from mpizero.core import formulas, states
 from mpizero.core.precision import PRECISIONS
 from mpizero.training.mlp import MLP, regression_batch
 from mpizero.training.model import forward_backward
@@ -79,7 +79,7 @@ def check_the_same_bytes_as_in_memory_and_the_reference():
 
 def check_states_live_on_disk_between_steps_and_one_group_in_memory_at_once():
     most, now = [0], [0]
-    read, write = offload.GroupFile.read, offload.GroupFile.write
+    read, write = states.GroupFile.read, states.GroupFile.write
 
     def counted_read(self):
         now[0] += 1
@@ -88,24 +88,24 @@ def check_states_live_on_disk_between_steps_and_one_group_in_memory_at_once():
 
     def counted_write(self, arrays):
         write(self, arrays)
-        now[0] -= offload.GRAD not in arrays  # the update's write-back, not the decoded grad shard's
+        now[0] -= states.GRAD not in arrays  # the update's write-back, not the decoded grad shard's
 
     engine = engine_at(1, Adam(lr=1e-2))
-    offload.GroupFile.read, offload.GroupFile.write = counted_read, counted_write
+    states.GroupFile.read, states.GroupFile.write = counted_read, counted_write
     try:
         train(engine, 2)
     finally:
-        offload.GroupFile.read, offload.GroupFile.write = read, write
+        states.GroupFile.read, states.GroupFile.write = read, write
     assert most[0] == 1 < len(engine.groups), most
     held, setup = engine.memory(), formulas.formula_setup(engine)
     assert held["master"] == held["optimizer"] == 0 and held == formulas.engine_bytes(setup), held
     owned = sum(g.owned_range[1] - g.owned_range[0] for g in engine.groups)
-    on_disk = sum(g.store.nbytes for g in engine.groups)
+    on_disk = sum(g.place.file.nbytes for g in engine.groups)
     assert on_disk == (4 * 4 + 8) * owned == formulas.offload_bytes(setup)["disk"]  # master, 2 moments, grad; sums
     assert engine.memory_report()["disk"] == on_disk
     assert held["grads"] == 0
     assert formulas.offload_bytes(setup)["in_memory_peak"] == max(
-        g.store.nbytes - 8 * g.store.numel for g in engine.groups
+        g.place.file.nbytes - 8 * g.place.file.numel for g in engine.groups
     )
     peak, largest = engine.memory_report()["peak"], max(g.owned_range[1] - g.owned_range[0] for g in engine.groups)
     assert (peak["master"], peak["optimizer"]) == (4 * largest, 8 * largest), peak  # one group's, read in
@@ -130,8 +130,8 @@ def check_states_live_on_disk_between_steps_and_one_group_in_memory_at_once():
         finals[disk] = bytes_of(sharded)
     assert finals[True] == finals[False]
     assert held[0] == 1, held  # offloaded, the other groups' sums wait on disk between rounds
-    directory = os.path.dirname(engine.groups[0].store.path)
-    assert os.path.basename(directory).startswith(f"{offload.owners_prefix()}{os.getpid()}-rank{rank:05d}-")
+    directory = os.path.dirname(engine.groups[0].place.file.path)
+    assert os.path.basename(directory).startswith(f"{states.owners_prefix()}{os.getpid()}-rank{rank:05d}-")
     assert sorted(os.listdir(directory)) == [f"group{i:05d}.state" for i in range(len(GROUPS))]
     del engine
     gc.collect()
@@ -159,7 +159,7 @@ def check_a_file_deleted_or_cut_on_one_rank_ends_the_step_on_every_rank():
         engine = engine_at(2, Adam(lr=1e-2), clip_norm=clip)
         train(engine, 2)
         if rank == size - 1:
-            harm(engine.groups[1].store.path)
+            harm(engine.groups[1].place.file.path)
         expect_error(
             functools.partial(train, engine, 1, first=3), "step 3", f"group00001.state {words}", "last checkpoint"
         )
@@ -183,8 +183,8 @@ def check_a_disk_too_small_on_one_rank_is_one_agreed_error_at_set_up():
 
 def check_a_killed_runs_directory_is_removed_by_the_next_engine():
     dead = 2**22 + 12345  # above Linux's largest process id
-    left = os.path.join(BASE, f"{offload.owners_prefix()}{dead}-rank{rank:05d}-x")
-    other_host = os.path.join(BASE, f"{offload.owners_prefix().rstrip('-')}9-{dead}-rank{rank:05d}-x")
+    left = os.path.join(BASE, f"{states.owners_prefix()}{dead}-rank{rank:05d}-x")
+    other_host = os.path.join(BASE, f"{states.owners_prefix().rstrip('-')}9-{dead}-rank{rank:05d}-x")
     os.makedirs(left)
     os.makedirs(other_host)  # another host's or namespace's, whose name begins as ours: never removed
     engine_at(0, SGD(lr=0.1))
