@@ -10,7 +10,7 @@ import pytest
 from checkpoint_runs import TRAIN, copy_of, refused, train
 from mpirun import ROOT, run_mpi
 
-from mpizero.checkpoint.key import KEY_FILE_VARIABLE, KEY_VARIABLE
+from mpizero.checkpoint_key import KEY_FILE_VARIABLE, KEY_VARIABLE
 
 
 def per_rank(tmp_path, n: int, ranks: dict, *args):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from checkpoint_runs import consolidate_from, copy_of, edit, refused, resume_from, train
 
-from mpizero.checkpoint import key as checkpoint_key
+from mpizero import checkpoint_key
 from mpizero.checkpoint import manifest as manifest_format
 
 # Damage to the rank files: each names the file (and what it contradicts).

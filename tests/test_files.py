@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from mpizero.core import files
+from mpizero import files
 
 
 def test_write_replaces_whole_and_leaves_no_temporary_file(tmp_path):

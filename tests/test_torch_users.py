@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "tests" / "mpi"))
 import torch_user_models as users  # noqa: E402
 
 import mpizero  # noqa: E402
-from mpizero.core import heap  # noqa: E402
+from mpizero import heap  # noqa: E402
 from mpizero.torch import shard, tensors  # noqa: E402
 
 STEPS, MICRO_BATCHES = 3, 5

@@ -18,7 +18,7 @@ import hashlib
 import json
 from collections.abc import Collection
 
-from mpizero.checkpoint.manifest import CheckpointError
+from mpizero.errors import CheckpointError
 
 
 def optimizer_record(engine) -> dict:

@@ -27,10 +27,11 @@ import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from mpizero import files
 from mpizero.checkpoint import lock, manifest
-from mpizero.checkpoint.manifest import MANIFEST, CheckpointError
+from mpizero.checkpoint.manifest import MANIFEST
 from mpizero.checkpoint.shards import file_name
-from mpizero.core import files
+from mpizero.errors import CheckpointError
 
 NAME = re.compile(r"^ckpt-(\d{8,})")
 MARKED = re.compile(r"^ckpt-\d{8,}\.(partial|replaced|removing)-([0-9a-f]{16})-[0-9a-f]+$")

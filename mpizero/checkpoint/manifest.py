@@ -28,9 +28,9 @@ import os
 
 import numpy as np
 
+from mpizero import files
 from mpizero.checkpoint import structure
-from mpizero.comm.agree import ZeroError
-from mpizero.core import files
+from mpizero.errors import CheckpointError
 
 FORMAT = "mpizero-checkpoint-6"
 MANIFEST = "manifest.json"
@@ -38,10 +38,6 @@ MAX_BYTES = 1 << 24  # about 80 bytes per rank: 330 KiB at 4096 ranks (``estimat
 MAX_DEPTH = 16  # ``save`` writes 5 levels; json's parser recurses once per level
 DATA_DEPTH = 2  # the levels above ``training.data``: a caller's data may nest MAX_DEPTH - DATA_DEPTH deep
 SEALS = ("checksum", "signature")
-
-
-class CheckpointError(ZeroError):
-    """A checkpoint that cannot be used, named with its file and the problem."""
 
 
 def _canonical(manifest: dict) -> bytes:

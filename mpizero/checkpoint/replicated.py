@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from mpizero.checkpoint import structure
-from mpizero.checkpoint.manifest import CheckpointError
+from mpizero.errors import CheckpointError
 
 FILE = "replicated.bin"
 

@@ -20,7 +20,7 @@ from typing import BinaryIO
 import numpy as np
 
 from mpizero.checkpoint.layout import SavedLayout
-from mpizero.checkpoint.manifest import CheckpointError
+from mpizero.errors import CheckpointError
 
 DIGEST = hashlib.sha256().digest_size
 BLOCK_BYTES = 1 << 14  # 16 KiB: a reshard reads at most one block more at each end of a run; tables add 0.2%

@@ -35,14 +35,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpizero import checkpoint_key, files
 from mpizero.arrays import to_host, write
-from mpizero.checkpoint import compat, key, lock, manifest, replicated, structure
+from mpizero.checkpoint import compat, lock, manifest, replicated, structure
 from mpizero.checkpoint import directory as checkpoints
 from mpizero.checkpoint.layout import SavedLayout
-from mpizero.checkpoint.manifest import MANIFEST, CheckpointError
+from mpizero.checkpoint.manifest import MANIFEST
 from mpizero.checkpoint.shards import BLOCK_BYTES, CheckpointReader, file_name, write_rank_file
 from mpizero.comm import agree
-from mpizero.core import faults, files
+from mpizero.core import faults
+from mpizero.errors import CheckpointError
 
 
 def save(
@@ -62,7 +64,7 @@ def save(
     if not (low <= block_bytes <= high and block_bytes & (block_bytes - 1) == 0):
         raise ValueError(f"block_bytes must be a power of two in [{low}, {high}], got {block_bytes}")
     rank, collectives = engine.comm.Get_rank(), engine.collectives
-    signing = key.agree(collectives)
+    signing = checkpoint_key.agreed(collectives)
     _agreed(collectives, manifest.data_problem(training_state.get("data")), "checkpoint save")
     run = training_state.get("run") or compat.run_identity(compat.engine_settings(engine, training_state))
     training_state = {**training_state, "run": run}
@@ -226,7 +228,7 @@ def load(engine, path: str, overrides: Collection[str] = (), how=compat.CLI_OVER
     Any problem raises the same error on every rank; ``how(name)`` tells the user how to let a recorded
     hyper-parameter differ (``--resume-override`` by default).
     """
-    signing = key.agree(engine.collectives)
+    signing = checkpoint_key.agreed(engine.collectives)
     saved, problem, bytes_read, arrays = _manifest_from_rank_0(engine.collectives, path, signing), None, 0, {}
     try:
         compat.check(engine, saved, os.path.join(path, MANIFEST), overrides, how)
@@ -278,7 +280,7 @@ def consolidate(path: str, output: str, include_optimizer: bool = False) -> list
     The manifest is verified (checksum, signature under this process's key, structure) before any value is
     read, and every block as it is read.
     """
-    saved = manifest.read(path, key.read())
+    saved = manifest.read(path, checkpoint_key.read())
     states, tensors = saved["states"] if include_optimizer else ["master"], saved["tensors"]
     found = {}
     with CheckpointReader(path, saved) as reader:

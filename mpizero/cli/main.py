@@ -19,7 +19,7 @@ import traceback
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
-from mpizero.checkpoint import key
+from mpizero import checkpoint_key
 from mpizero.cli import check, consolidate, estimate, example, options, outputs, plot, train, verify
 from mpizero.comm import interrupt, launch
 from mpizero.comm.collectives import Collectives
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         module = COMMANDS[args.command]
         collectives = Collectives(comm, getattr(args, "watchdog", options.WATCHDOG_SECONDS) or None)
         if module.INPUTS or module.OUTPUT_DIRS:  # a command that reads or writes checkpoints
-            key.agree(collectives)
+            checkpoint_key.agreed(collectives)
         module.check(args, comm.Get_size())
         check_paths(args, module, collectives)
         if not any(v in os.environ for v in THREAD_VARIABLES):

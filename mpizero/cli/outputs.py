@@ -12,8 +12,8 @@ lie inside a checkpoint either.
 
 from __future__ import annotations
 
+from mpizero import files
 from mpizero.checkpoint import directory
-from mpizero.core import files
 
 
 def problems(

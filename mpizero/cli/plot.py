@@ -14,9 +14,10 @@ import os
 import subprocess
 import tempfile
 
+from mpizero import files
 from mpizero.cli import options
 from mpizero.comm.launcher import python_under_mpiexec
-from mpizero.core import files, formulas
+from mpizero.core import formulas
 from mpizero.core.partition import Partition
 from mpizero.core.stages import STAGES, sharding
 from mpizero.errors import ZeroError

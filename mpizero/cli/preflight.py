@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from mpizero import files
 from mpizero.checkpoint import directory
 from mpizero.comm import agree
-from mpizero.core import files, formulas
+from mpizero.core import formulas
 from mpizero.core.memory import format_bytes
 from mpizero.core.optim import OPTIMIZERS
 from mpizero.training.registry import formula_setups

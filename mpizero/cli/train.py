@@ -14,13 +14,14 @@ import os
 import time
 from collections.abc import Callable
 
+from mpizero import files
 from mpizero.arrays import device_module, to_device
 from mpizero.checkpoint import compat, directory
 from mpizero.checkpoint import store as checkpoint
 from mpizero.cli import options, preflight
 from mpizero.comm import agree
 from mpizero.comm.collectives import Collectives
-from mpizero.core import faults, files, formulas
+from mpizero.core import faults, formulas
 from mpizero.core.engine import ZeroEngine
 from mpizero.core.memory import format_bytes, peak_rss_bytes
 from mpizero.core.optim import OPTIMIZERS

@@ -3,7 +3,7 @@
 The parameters are checked at the door (``params_problem``); then every rank's
 set-up signature, field by field, must equal rank 0's (``setup_signature``):
 same tensors, groups, settings, communication paths, optimizer, checkpoint key
-(its digest: ``checkpoint.key``) and initial values. Full arrays exist on
+(its digest: ``checkpoint_key``) and initial values. Full arrays exist on
 every rank, so their values are hashed whole; a ``ShardedInit`` holds no
 values, so its ``identity`` stands for them (the engine then digests the
 shards each rank made: ``digest``).
@@ -18,8 +18,8 @@ from math import prod
 
 import numpy as np
 
+from mpizero import checkpoint_key
 from mpizero.arrays import device_module, to_host
-from mpizero.checkpoint import key
 from mpizero.core.init import ShardedInit
 from mpizero.errors import ZeroError
 
@@ -75,7 +75,7 @@ def setup_signature(params: Mapping | ShardedInit, group_names, config, paths, o
         "the settings": {k: v for k, v in dataclasses.asdict(config).items() if k != "offload_dir"},  # per rank
         "the communication paths": paths,
         "the optimizer": optimizer,
-        "the checkpoint key": key.described(),
+        "the checkpoint key": checkpoint_key.described(),
         **values,
     }
 

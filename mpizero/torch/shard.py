@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from mpizero import heap
 from mpizero.arrays import array_module
 from mpizero.comm import agree
-from mpizero.core import heap
 from mpizero.core.engine import StepResult, ZeroEngine
 from mpizero.core.step import StepOrderError
 from mpizero.errors import ZeroError

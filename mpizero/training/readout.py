@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from mpizero.core import files
+from mpizero import files
 from mpizero.training.trainer import groups_of_units
 
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+from mpizero import heap
 from mpizero.comm import agree
-from mpizero.core import heap
 from mpizero.core.partition import split_evenly
 from mpizero.core.precision import LossScaler, Precision
 from mpizero.core.reference import contribution

@@ -14,7 +14,7 @@ from mpi4py import MPI
 from mpizero import SGD, ZeroEngine, ZeroError
 from mpizero.checkpoint import store
 from mpizero.checkpoint.directory import resolve
-from mpizero.checkpoint.key import KEY_VARIABLE
+from mpizero.checkpoint_key import KEY_VARIABLE
 
 comm = MPI.COMM_WORLD
 action, directory = sys.argv[1], sys.argv[2]

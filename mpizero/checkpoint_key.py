@@ -15,9 +15,9 @@ from __future__ import annotations
 import hashlib
 import os
 
-from mpizero.checkpoint.manifest import CheckpointError
-from mpizero.comm import agree as agreement
-from mpizero.core import files
+from mpizero import files
+from mpizero.comm import agree
+from mpizero.errors import CheckpointError
 
 KEY_VARIABLE, KEY_FILE_VARIABLE = "MPIZERO_CHECKPOINT_KEY", "MPIZERO_CHECKPOINT_KEY_FILE"
 MAX_KEY_BYTES = 1 << 16
@@ -56,7 +56,7 @@ def described(environ=os.environ) -> str:
         return f"unusable: {error}"
 
 
-def agree(collectives, environ=os.environ) -> bytes | None:
+def agreed(collectives, environ=os.environ) -> bytes | None:
     """Every rank's key, once every rank could read its own and all are the same (collective); else the same
     CheckpointError on every rank, naming the ranks."""
     key, problem = None, None
@@ -65,8 +65,8 @@ def agree(collectives, environ=os.environ) -> bytes | None:
     except CheckpointError as error:
         problem = str(error)
     try:
-        agreement.raise_if_any(collectives, problem, "the checkpoint key")
-        agreement.raise_unless_equal(collectives, {"the checkpoint key": fingerprint(key)})
-    except agreement.ZeroError as error:
+        agree.raise_if_any(collectives, problem, "the checkpoint key")
+        agree.raise_unless_equal(collectives, {"the checkpoint key": fingerprint(key)})
+    except agree.ZeroError as error:
         raise CheckpointError(str(error)) from None
     return key
