@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 
-from mpizero.comm.launcher import python_under_mpiexec
+from mpizero.comm.job.launcher import python_under_mpiexec
 from mpizero.progress import progress
 
 RANKS = 2

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from mpizero.comm.launcher import python_under_mpiexec
+from mpizero.comm.job.launcher import python_under_mpiexec
 from mpizero.core import formulas
 from mpizero.core.engine import IN_FLIGHT
 from mpizero.core.memory import format_bytes

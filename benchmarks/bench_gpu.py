@@ -209,7 +209,7 @@ def pinned_peak() -> tuple[float, float]:
 def run_one(args, run: str, model: str, ranks: int, timeout: float) -> dict:
     """One run in its own process or mpiexec job, killed with all its ranks after ``timeout`` s; its row or why it
     failed."""
-    from mpizero.comm.launcher import python_under_mpiexec
+    from mpizero.comm.job.launcher import python_under_mpiexec
 
     if run == "train":
         command = python_under_mpiexec(ranks, "-m", "mpizero", "train", "--device", "gpu", "--model", "transformer")

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from mpizero.comm.launcher import python_under_mpiexec
+from mpizero.comm.job.launcher import python_under_mpiexec
 from mpizero.progress import progress
 
 PATTERNS = {

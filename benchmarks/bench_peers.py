@@ -40,7 +40,7 @@ import peers_gpt2
 import roofline
 from bench_bandwidth import bandwidth, bandwidth_line
 
-from mpizero.comm.launcher import python_under_mpiexec
+from mpizero.comm.job.launcher import python_under_mpiexec
 from mpizero.progress import progress
 
 HERE = Path(__file__).resolve()

@@ -44,7 +44,7 @@ def worker(args) -> None:
 
     from mpizero import AdamW, ZeroEngine
     from mpizero.comm import windows
-    from mpizero.comm.ranks import world_ranks
+    from mpizero.comm.job.ranks import world_ranks
     from mpizero.core import formulas
     from mpizero.core.precision import PRECISIONS
     from mpizero.training.trainer import DEFAULT_BUCKET_ELEMS, Trainer, make_groups
@@ -109,7 +109,7 @@ def worker(args) -> None:
 
 def run(ranks: int, args) -> list[dict]:
     """Run the worker under ``mpiexec -n ranks``; return its rows."""
-    from mpizero.comm.launcher import python_under_mpiexec
+    from mpizero.comm.job.launcher import python_under_mpiexec
 
     command = python_under_mpiexec(ranks, "-m", "mpi4py", str(HERE), "--worker", "--clip", str(args.clip))
     command += ["--reduction", args.reduction, "--stages", *map(str, args.stages)]

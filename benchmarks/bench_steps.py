@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mpizero.comm.launcher import python_under_mpiexec
+from mpizero.comm.job.launcher import python_under_mpiexec
 from mpizero.progress import progress
 
 HERE = Path(__file__).resolve()

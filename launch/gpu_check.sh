@@ -68,7 +68,7 @@ export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 if [ "$(nproc)" -lt 4 ]; then
   export MPIR_CVAR_ENABLE_HEAVY_YIELD=1  # more ranks than cores (a CPU rehearsal): waiting MPICH ranks sleep
 fi
-MPIEXEC=$("$PYTHON" -c "from mpizero.comm.launcher import mpiexec; print(mpiexec())") || exit 1
+MPIEXEC=$("$PYTHON" -c "from mpizero.comm.job.launcher import mpiexec; print(mpiexec())") || exit 1
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 

@@ -7,7 +7,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from mpizero.comm.launcher import python_under_mpiexec
+from mpizero.comm.job.launcher import python_under_mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
 WORLD_SIZES = (1, 2, 3, 4)

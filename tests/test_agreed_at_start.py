@@ -45,7 +45,7 @@ def test_a_rank_running_changed_code_stops_every_rank_at_start_up(tmp_path):
 ANOTHER_VERSION = """
 import sys
 from mpi4py import MPI
-from mpizero.comm import identity
+from mpizero.comm.job import identity
 from mpizero.cli.main import main
 
 if MPI.COMM_WORLD.Get_rank() == 1:

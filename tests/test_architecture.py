@@ -1,8 +1,8 @@
 """The package's rooms and floors (``docs/architecture.md``): every import runs down, every room is placed.
 
-A room is a top-level module of ``mpizero``, one of its packages, or a package inside ``core``. An import from one
-room to another must go to a lower floor, so no cycle can form and each room can be read knowing only those
-below it. A new room fails here until it is given a floor (and a row in the page).
+A room is a top-level module of ``mpizero``, one of its packages, a package inside ``core``, or ``comm.job``.
+An import from one room to another must go to a lower floor, so no cycle can form and each room can be read
+knowing only those below it. A new room fails here until it is given a floor (and a row in the page).
 """
 
 import ast
@@ -18,26 +18,29 @@ FLOORS = {
     "mpizero.arrays": 1,
     "mpizero.files": 1,
     "mpizero.heap": 1,
-    "mpizero.comm": 2,
-    "mpizero.testing": 2,
-    "mpizero.checkpoint_key": 3,
-    "mpizero.core.optim": 3,
-    "mpizero.core.reduce": 3,
-    "mpizero.core.states": 3,
-    "mpizero.core": 4,
-    "mpizero": 5,
-    "mpizero.checkpoint": 5,
-    "mpizero.training": 6,
-    "mpizero.torch": 6,
-    "mpizero.cli": 7,
-    "mpizero.__main__": 8,
+    "mpizero.comm.job": 2,
+    "mpizero.comm": 3,
+    "mpizero.testing": 3,
+    "mpizero.checkpoint_key": 4,
+    "mpizero.core.optim": 4,
+    "mpizero.core.reduce": 4,
+    "mpizero.core.states": 4,
+    "mpizero.core": 5,
+    "mpizero": 6,
+    "mpizero.checkpoint": 6,
+    "mpizero.training": 7,
+    "mpizero.torch": 7,
+    "mpizero.cli": 8,
+    "mpizero.__main__": 9,
 }
 
 
 def room(module: str) -> str:
-    """The room ``module`` (dotted) belongs to."""
+    """The room ``module`` (dotted) belongs to: a package inside ``core``, ``comm.job``, or the top-level module
+    or package (``comm.transports`` is part of ``comm``: it moves bytes with ``comm``'s buffers and windows)."""
     parts = module.split(".")
-    if len(parts) >= 3 and parts[1] == "core" and (PACKAGE / "core" / parts[2]).is_dir():
+    inside_core = len(parts) >= 3 and parts[1] == "core" and (PACKAGE / "core" / parts[2]).is_dir()
+    if inside_core or parts[1:3] == ["comm", "job"]:
         return ".".join(parts[:3])
     return ".".join(parts[:2])
 

@@ -115,11 +115,11 @@ def test_carried_wheels_are_found_where_this_python_s_pip_put_them(tmp_path, pyt
     repo = tmp_path / "repo"  # the script and the one module it imports before any command: no .whl/ in the real tree
     (repo / "launch").mkdir(parents=True)
     (repo / ".whl").mkdir()
-    (repo / "mpizero" / "comm").mkdir(parents=True)
+    (repo / "mpizero" / "comm" / "job").mkdir(parents=True)
     shutil.copy(SCRIPT, repo / "launch")
-    shutil.copy(ROOT / "mpizero" / "comm" / "launcher.py", repo / "mpizero" / "comm")
-    (repo / "mpizero" / "__init__.py").touch()
-    (repo / "mpizero" / "comm" / "__init__.py").touch()
+    shutil.copy(ROOT / "mpizero" / "comm" / "job" / "launcher.py", repo / "mpizero" / "comm" / "job")
+    for package in ("", "comm", "comm/job"):
+        (repo / "mpizero" / package / "__init__.py").touch()
     toy_wheel(repo / ".whl")
     done = gpu_check(tmp_path, "quick", cwd=repo, PYTHON=python, GPU_CHECK_DEADLINE="0")
     line = next(x for x in done.stdout.splitlines() if x.startswith("gpu_check: .whl/ installed"))

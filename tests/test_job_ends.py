@@ -98,7 +98,9 @@ def test_ending_the_job_exits_with_its_status_whatever_mpi_can_still_do(how):
         "abort-never-returns": "stuck = SimpleNamespace(Is_initialized=lambda: True, Is_finalized=lambda: False, "
         "Abort=lambda _: time.sleep(3600)); stuck.COMM_WORLD = ending.MPI = stuck; ending.ABORT_SECONDS = 0.5",
     }[how]
-    imports = "import time; from types import SimpleNamespace; from mpi4py import MPI; from mpizero.comm import ending"
+    imports = (
+        "import time; from types import SimpleNamespace; from mpi4py import MPI; from mpizero.comm.job import ending"
+    )
     code = f"{imports}; {setup}; ending.end_job(7)"
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -2,7 +2,8 @@
 
 import pytest
 
-from mpizero.comm import launch, paths
+from mpizero.comm import paths
+from mpizero.comm.job import launch
 from mpizero.core.partition import Partition
 from mpizero.core.stages import STAGES, GradientCollective, Publish, ShardPlan, span
 from mpizero.core.step import StepOrderError, StepState, StepTracker

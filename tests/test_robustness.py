@@ -10,7 +10,7 @@ import time
 import pytest
 from mpirun import ROOT, WORLD_SIZES, run_mpi, run_mpi_ok
 
-from mpizero.comm.launcher import mpiexec
+from mpizero.comm.job.launcher import mpiexec
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)

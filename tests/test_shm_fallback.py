@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from mpirun import run_mpi_ok
 
-from mpizero.comm.launcher import python_under_mpiexec
+from mpizero.comm.job.launcher import python_under_mpiexec
 
 TRAIN = ["-m", "mpizero", "train", "--width", "1024", "--stage", "2", "--steps", "2"]
 TRAIN += ["--global-batch", "8", "--micro-batches", "2", "--log-every", "100"]

@@ -1,4 +1,4 @@
-"""How buffers travel (comm/transport.py) under real mpiexec at 1-4 ranks, with a stand-in device array."""
+"""How buffers travel (comm/transports/) under real mpiexec at 1-4 ranks, with a stand-in device array."""
 
 import pytest
 from mpirun import WORLD_SIZES, run_mpi_ok

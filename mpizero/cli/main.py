@@ -21,8 +21,8 @@ from threadpoolctl import threadpool_limits
 
 from mpizero import checkpoint_key
 from mpizero.cli import check, consolidate, estimate, example, options, outputs, plot, train, verify
-from mpizero.comm import interrupt, launch
 from mpizero.comm.collectives import Collectives
+from mpizero.comm.job import interrupt, launch
 from mpizero.errors import ZeroError
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

@@ -16,7 +16,7 @@ import tempfile
 
 from mpizero import files
 from mpizero.cli import options
-from mpizero.comm.launcher import python_under_mpiexec
+from mpizero.comm.job.launcher import python_under_mpiexec
 from mpizero.core import formulas
 from mpizero.core.partition import Partition
 from mpizero.core.stages import STAGES, sharding

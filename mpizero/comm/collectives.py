@@ -1,8 +1,9 @@
 """Reduce-scatter, all-gather and all-reduce on NumPy or CuPy buffers, blocking or not.
 
-How each buffer travels is asked of one object, ``transport``: at one rank
-nothing moves; device buffers go straight to MPI when it is CUDA-aware (see
-``cuda_aware``) and are staged through host memory otherwise. 2-byte floats (bfloat16,
+How each call's bytes travel is asked of one object, ``transports.Router``: at
+one rank nothing moves; device buffers go straight to MPI when it is CUDA-aware
+(see ``cuda_aware``) and are staged through host memory otherwise; host buffers
+go out of a node-shared window or by MPI. 2-byte floats (bfloat16,
 float16), which MPI has no type for, travel as uint16: the bytes are the same.
 Every call is counted in a ``Traffic`` log, so communication volume is
 measured, not assumed; on several nodes, the bytes that leave the node are
@@ -28,15 +29,15 @@ import numpy as np
 from mpi4py import MPI
 
 from mpizero.arrays import array_module
-from mpizero.comm import agree, cuda_aware, identity, paths, windows
+from mpizero.comm import agree, cuda_aware, paths, windows
 from mpizero.comm.hierarchical import TwoLevel
+from mpizero.comm.job import identity
+from mpizero.comm.job.ranks import world_ranks
+from mpizero.comm.job.watchdog import Watchdog
 from mpizero.comm.paths import inter_node_bytes
 from mpizero.comm.pending import Pending
-from mpizero.comm.ranks import world_ranks
-from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
 from mpizero.comm.shared import OwnerSums, SharedArena, address_space_limit, window_room_problem
-from mpizero.comm.transport import STAGING_ENV_VAR, Transport, requested_staging
-from mpizero.comm.watchdog import Watchdog
+from mpizero.comm.transports import STAGING_ENV_VAR, Router, requested_staging
 
 WIRE_VIEWS = {"bfloat16": np.uint16, "float16": np.uint16}
 
@@ -105,8 +106,8 @@ class Collectives:
         self.arenas: dict = {}  # key -> SharedArena; "bucket" is the one stages 2-3 share
         self.sums: dict = {}  # key -> OwnerSums: a group's round-by-round sum, on one host
         self.paths = self._settle_paths(on_device)
-        self.transport = Transport(self.paths.device, comm.Get_rank(), comm.Get_size(), self.traffic)
-        self.levels = TwoLevel(comm, self.node, self.watchdog) if self.paths.two_level else None
+        levels = TwoLevel(comm, self.node, self.watchdog) if self.paths.two_level else None
+        self.transports = Router(comm, lambda: self.paths, levels)
         windows.free_orphans(self, world_ranks(comm))  # the windows of engines gone on every one of these ranks
 
     def _settle_paths(self, on_device: bool) -> paths.CommPaths:
@@ -260,15 +261,7 @@ class Collectives:
         A ``send`` from ``shared_buffer`` is summed straight from shared memory; other large host
         buffers go in pieces (``reduce_scatter``); both blocking, as measured faster than one call.
         """
-        arena = self._arena_of(send)
-        if arena is not None and self.paths.two_level:
-            return self._run("reduce_scatter", send.nbytes, self._two_level_reduce(arena), send, recv, True, True)
-        if arena is not None:
-            return self._run("reduce_scatter", send.nbytes, arena.reduce_scatter, send, recv, True)
-        if self.transport.on_host(send) and send.nbytes >= self.paths.pieces_from_bytes:
-            return self._run("reduce_scatter", send.nbytes, self._in_pieces, send, recv, True)
-        call = self.comm.Reduce_scatter_block if blocking else self.comm.Ireduce_scatter_block
-        return self._run("reduce_scatter", send.nbytes, lambda s, r: call(s, r, op=MPI.SUM), send, recv, blocking)
+        return self._run("reduce_scatter", send.nbytes, send, recv, blocking)
 
     def reduce_scatter_add(self, send, total) -> None:
         """Add this rank's block of the sum of ``send`` over ranks into ``total`` (blocking; a ``reduce_scatter``)."""
@@ -276,50 +269,30 @@ class Collectives:
         self.reduce_scatter(send, block)
         total += block
 
-    def _arena_of(self, send):
-        return next((a for a in self.arenas.values() if a.owns(send)), None)
-
-    def _in_pieces(self, send, recv) -> None:
-        reduce_scatter_in_pieces(self.comm, send, recv)
-
-    def _two_level_reduce(self, arena):
-        return lambda send, recv: self.levels.reduce_scatter(arena, send, recv)
-
     def allreduce(self, send, recv, blocking: bool = True) -> Pending:
         """Sum ``send`` over ranks into ``recv`` on every rank; a ``send`` from ``shared_buffer`` is summed
         straight from shared memory (blocking), each rank adding every segment."""
-        arena = self._arena_of(send)
-        if arena is not None and not self.paths.two_level:
-            return self._run("allreduce", send.nbytes, arena.allreduce, send, recv, True)
-        call = self.comm.Allreduce if blocking else self.comm.Iallreduce
-        return self._run("allreduce", send.nbytes, lambda s, r: call(s, r, op=MPI.SUM), send, recv, blocking)
+        return self._run("allreduce", send.nbytes, send, recv, blocking)
 
     def allgather(self, send, recv, blocking: bool = True, counted_as: str = "allgather") -> Pending:
         """Concatenate every rank's ``send`` into ``recv`` in rank order; counted under ``counted_as``."""
-        if self._gathers_in_two_levels(recv):
-            return self._run(counted_as, recv.nbytes, self._two_level_gather, send, recv, blocking, True)
-        call = self.comm.Allgather if blocking else self.comm.Iallgather
-        return self._run(counted_as, recv.nbytes, call, send, recv, blocking)
+        return self._run("allgather", recv.nbytes, send, recv, blocking, counted_as)
 
     def allgather_in_place(self, full) -> Pending:
         """All-gather into ``full``, whose block for this rank already holds its shard."""
-        if self._gathers_in_two_levels(full):
-            return self._run("allgather", full.nbytes, self._two_level_gather, None, full, True, True)
-        return self._run("allgather", full.nbytes, lambda _, r: self.comm.Allgather(MPI.IN_PLACE, r), None, full, True)
+        return self._run("allgather", full.nbytes, None, full, True)
 
-    def _two_level_gather(self, send, full) -> Pending:
-        request, finish = self.levels.start_allgather(send, full)
-        return Pending(request, finish, keep=(send, full))
-
-    def _gathers_in_two_levels(self, recv) -> bool:
-        return self.paths.two_level and self.transport.on_host(recv)
-
-    def _run(self, op: str, full_bytes: int, collective, send, recv, blocking: bool, two_level=False) -> Pending:
-        """Count the call, start ``collective(send, recv)`` on wire views, and wait if blocking."""
-        self.traffic.record(op, full_bytes, self.comm.Get_size(), self.paths.nodes, two_level)
-        with self.watchdog.waiting(op), self.traffic.timed(op):
-            pending = self.transport.start(op, collective, _wire(send), _wire(recv))
-        pending.op, pending.watchdog, pending.traffic = op, self.watchdog, self.traffic
+    def _run(self, op: str, full_bytes: int, send, recv, blocking: bool, counted_as: str | None = None) -> Pending:
+        """Count the call under ``counted_as`` (default ``op``), start it on wire views by the transport the
+        router chooses, and wait if blocking."""
+        counted_as = counted_as or op
+        arena = next((a for a in self.arenas.values() if a.owns(send)), None) if send is not None else None
+        transport = self.transports.route(op, send, recv, arena)
+        self.traffic.record(counted_as, full_bytes, self.comm.Get_size(), self.paths.nodes, transport.two_level)
+        with self.watchdog.waiting(counted_as), self.traffic.timed(counted_as):
+            pending = getattr(transport, op)(_wire(send), _wire(recv), blocking)
+        self.traffic.staged[counted_as] += pending.staged
+        pending.op, pending.watchdog, pending.traffic = counted_as, self.watchdog, self.traffic
         if blocking:
             pending.wait()
         return pending

@@ -6,8 +6,9 @@ from __future__ import annotations
 class Pending:
     """A nonblocking collective in flight; ``wait`` completes it (and copies staged data back)."""
 
-    def __init__(self, request=None, finish=None, keep=()) -> None:
+    def __init__(self, request=None, finish=None, keep=(), staged: int = 0) -> None:
         self.request, self.finish, self.keep = request, finish, keep  # keep: buffers MPI still reads
+        self.staged = staged  # bytes copied between device and host to move it, both ways
         self.op, self.watchdog, self.traffic = "", None, None
 
     def wait(self) -> None:

@@ -37,8 +37,8 @@ from mpi4py import MPI
 from mpizero import libc
 from mpizero.arrays import CHUNK
 from mpizero.comm import windows
-from mpizero.comm.ranks import world_ranks
-from mpizero.comm.watchdog import WeakWatchdog
+from mpizero.comm.job.ranks import world_ranks
+from mpizero.comm.job.watchdog import WeakWatchdog
 
 SHM_DIR = "/dev/shm"  # where MPICH and Open MPI back shared windows on Linux
 HEADROOM = 1.25  # the window's own bookkeeping, and other users of the same tmpfs

@@ -19,8 +19,9 @@ import numpy as np
 from mpi4py import MPI
 
 from mpizero.arrays import array_module
-from mpizero.comm import agree, launch
+from mpizero.comm import agree
 from mpizero.comm.collectives import Collectives
+from mpizero.comm.job import launch
 from mpizero.core import faults, precision, setup, states
 from mpizero.core.config import ZeroConfig
 from mpizero.core.gradients import Keep

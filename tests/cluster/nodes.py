@@ -38,7 +38,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mpizero.comm.launcher import mpiexec as mpiexec_path
+from mpizero.comm.job.launcher import mpiexec as mpiexec_path
 
 PREFIX = "mpizero"
 NETNS_DIR = Path("/run/netns")

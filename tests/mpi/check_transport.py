@@ -29,7 +29,7 @@ def collectives_for(staging: str) -> Collectives:
     os.environ.update(MPIZERO_CUDA_AWARE="0", MPIZERO_STAGING=staging)  # the stand-in is staged on purpose
     cuda_aware.cache_clear()
     coll = Collectives(comm, on_device=True)
-    coll.transport.chunk_bytes = 8 * 17 * size  # 17 int64 columns per chunk: blocks of 257 end mid-chunk
+    coll.transports.device.chunk_bytes = 8 * 17 * size  # 17 int64 columns per chunk: blocks of 257 end mid-chunk
     return coll
 
 

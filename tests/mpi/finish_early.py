@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpizero import SGD, ZeroEngine
-from mpizero.comm import identity
+from mpizero.comm.job import identity
 
 comm = MPI.COMM_WORLD
 rank, mode = comm.Get_rank(), sys.argv[1]

@@ -14,8 +14,8 @@ from mpi4py import MPI
 
 import mpizero
 from mpizero.comm import windows
-from mpizero.comm.departures import for_ranks
-from mpizero.comm.ranks import world_ranks
+from mpizero.comm.job.departures import for_ranks
+from mpizero.comm.job.ranks import world_ranks
 
 ENGINES = 20
 comm = MPI.COMM_WORLD

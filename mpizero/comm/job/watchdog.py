@@ -23,8 +23,8 @@ import weakref
 
 from mpi4py import MPI
 
-from mpizero.comm.departures import Departures, for_ranks
-from mpizero.comm.ending import end_job
+from mpizero.comm.job.departures import Departures, for_ranks
+from mpizero.comm.job.ending import end_job
 
 EXIT_STATUS = 3
 GRACE = 2.0

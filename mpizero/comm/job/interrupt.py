@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 
-from mpizero.comm.ending import end_job
+from mpizero.comm.job.ending import end_job
 
 EXIT_STATUS = 128 + signal.SIGINT
 

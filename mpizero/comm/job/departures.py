@@ -26,7 +26,7 @@ import threading
 
 from mpi4py import MPI
 
-from mpizero.comm.ranks import world_ranks
+from mpizero.comm.job.ranks import world_ranks
 
 TAG = 7
 NOTICE_BYTES = 256  # a JSON list of the first finished ranks

@@ -14,7 +14,7 @@ import hashlib
 from importlib import metadata
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent
+PACKAGE = Path(__file__).resolve().parents[2]  # mpizero/, above comm/job/
 
 
 @functools.cache

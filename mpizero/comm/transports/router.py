@@ -1,0 +1,52 @@
+"""The one place that chooses how a collective's bytes move (``transports``), per call, from the agreed paths."""
+
+from __future__ import annotations
+
+from mpizero.arrays import is_device_array
+from mpizero.comm.transports.arena import Arena, TwoLevelArena
+from mpizero.comm.transports.local import Local
+from mpizero.comm.transports.mpi import CudaAwareMPI, HostMPI
+from mpizero.comm.transports.staged import PageableStaging, PinnedStaging
+
+
+class Router:
+    """Chooses the transport of each collective: at one rank ``Local``; a device buffer by the agreed device path
+    (``cuda-aware``, ``pinned`` or ``pageable``); a host buffer out of a node-shared arena by ``Arena`` (in two
+    levels where the paths say so); a host gather in two levels likewise; any other host buffer by MPI."""
+
+    def __init__(self, comm, paths, levels) -> None:
+        """``paths()``: the agreed ``CommPaths`` now (they can lose the shared arena for good); ``levels``: the
+        ``hierarchical.TwoLevel`` communicators where the paths go in two levels, else None."""
+        self.paths, self.levels = paths, levels
+        self.local = Local() if comm.Get_size() == 1 else None
+        self.host = HostMPI(comm, lambda: self.paths().pieces_from_bytes)
+        self.device = _device_transport(paths().device, comm, self.host)
+
+    @staticmethod
+    def on_host(a) -> bool:
+        """Whether ``a`` is a host buffer, which the host-only paths (shared arena, pieces, two levels) take."""
+        return not is_device_array(a)
+
+    def route(self, op: str, send, recv, arena=None):
+        """The transport for ``op`` (``reduce_scatter``, ``allreduce``, ``allgather``) of ``send`` into ``recv``;
+        ``arena``: the node-shared arena ``send`` lies in, if any."""
+        if self.local is not None:
+            return self.local
+        if not self.on_host(recv):
+            return self.device
+        two_level = self.paths().two_level
+        if two_level and (op == "allgather" or (op == "reduce_scatter" and arena is not None)):
+            return TwoLevelArena(self.levels, arena)
+        if arena is not None and not two_level:
+            return Arena(arena)
+        return self.host
+
+
+def _device_transport(device: str, comm, host: HostMPI):
+    """How device buffers travel, by the agreed ``CommPaths.device`` (``host``: a job settled for host buffers,
+    whose stray device buffer is copied through pageable memory)."""
+    if device == "cuda-aware":
+        return CudaAwareMPI(comm)
+    if device == "pinned":
+        return PinnedStaging(host, comm.Get_rank(), comm.Get_size())
+    return PageableStaging(host)
