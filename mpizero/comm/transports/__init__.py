@@ -1,10 +1,10 @@
 """How a collective's bytes move: one interface, one file per way, chosen per call in one place (``Router``).
 
-Every transport has ``reduce_scatter``, ``allreduce`` and ``allgather`` of a ``send`` buffer into a ``recv``
-buffer (``allgather``'s ``send`` None: in place, ``recv``'s block of this rank already holding its shard),
-``blocking`` or not, and returns a ``Pending`` that ``wait`` completes; ``two_level`` says whether it sends
-across nodes in two levels (for the traffic count). ``Collectives`` counts, watches and times every call
-and asks ``Router.route`` which transport moves it:
+Every transport (``base.Transport``) has ``reduce_scatter``, ``allreduce`` and ``allgather`` of a ``send``
+buffer into a ``recv`` buffer (``allgather``'s ``send`` None: in place, ``recv``'s block of this rank already
+holding its shard), ``blocking`` or not, and returns a ``Pending`` that ``wait`` completes; ``two_level`` says
+whether it sends across nodes in two levels (for the traffic count). ``Collectives`` counts, watches and times
+every call and asks ``Router.route`` which transport moves it:
 
 - ``Local`` (``local.py``): a world of one rank: a copy.
 - ``HostMPI``, ``CudaAwareMPI`` (``mpi.py``): MPI's own calls on host buffers (large reduce-scatters in
@@ -17,7 +17,8 @@ Every transport moves the same bytes into ``recv``, so every choice gives the sa
 say) is one new file here and one line in ``router.py``.
 """
 
+from mpizero.comm.transports.base import Transport
 from mpizero.comm.transports.router import Router
 from mpizero.comm.transports.staged import STAGING_ENV_VAR, requested_staging
 
-__all__ = ["STAGING_ENV_VAR", "Router", "requested_staging"]
+__all__ = ["STAGING_ENV_VAR", "Router", "Transport", "requested_staging"]

@@ -10,12 +10,11 @@ still summed exactly once, so int64 sums keep their bits.
 from __future__ import annotations
 
 from mpizero.comm.pending import Pending
+from mpizero.comm.transports.base import Transport
 
 
-class Arena:
-    """Reductions out of one host's shared window (blocking)."""
-
-    two_level = False
+class Arena(Transport):
+    """Reductions out of one host's shared window (blocking); gathers do not go this way."""
 
     def __init__(self, arena) -> None:
         self.arena = arena
@@ -28,13 +27,10 @@ class Arena:
         self.arena.allreduce(send, recv)
         return Pending()
 
-    def allgather(self, send, recv, blocking: bool) -> Pending:
-        raise AssertionError("the shared window holds reductions' send buffers, not gathers'")
 
-
-class TwoLevelArena:
+class TwoLevelArena(Transport):
     """Reduce-scatters out of each node's shared window, then across nodes (blocking); all-gathers across nodes,
-    then inside each node through a window (the across-node part nonblocking)."""
+    then inside each node through a window (the across-node part nonblocking); all-reduces go by MPI."""
 
     two_level = True
 
@@ -44,9 +40,6 @@ class TwoLevelArena:
     def reduce_scatter(self, send, recv, blocking: bool) -> Pending:
         self.levels.reduce_scatter(self.arena, send, recv)
         return Pending()
-
-    def allreduce(self, send, recv, blocking: bool) -> Pending:
-        raise AssertionError("two-level all-reduces go by MPI")
 
     def allgather(self, send, recv, blocking: bool) -> Pending:
         request, finish = self.levels.start_allgather(send, recv)

@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 from mpizero.comm.pending import Pending
+from mpizero.comm.transports.base import Transport
 
 
-class Local:
+class Local(Transport):
     """Every collective over one rank is a copy from ``send`` to ``recv`` on the buffer's own device; in place, it
     is nothing."""
 
-    two_level = False
-
-    def reduce_scatter(self, send, recv, blocking: bool) -> Pending:
-        return self._copy(send, recv)
-
-    def allreduce(self, send, recv, blocking: bool) -> Pending:
-        return self._copy(send, recv)
-
-    def allgather(self, send, recv, blocking: bool) -> Pending:
-        return self._copy(send, recv)
-
-    @staticmethod
-    def _copy(send, recv) -> Pending:
+    def run(self, op: str, send, recv, blocking: bool) -> Pending:
         if send is not None:
             recv[...] = send  # the sum, or the gathering, of one rank's buffer
         return Pending()

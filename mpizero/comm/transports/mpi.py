@@ -7,13 +7,12 @@ from mpi4py import MPI
 from mpizero.arrays import array_module
 from mpizero.comm.pending import Pending
 from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
+from mpizero.comm.transports.base import Transport
 
 
-class HostMPI:
+class HostMPI(Transport):
     """MPI on host buffers; a large host reduce-scatter goes in cache-sized pieces (``reduce_scatter``), from
     ``pieces_from_bytes()`` bytes (the agreed paths'), blocking."""
-
-    two_level = False
 
     def __init__(self, comm: MPI.Comm, pieces_from_bytes) -> None:
         self.comm, self.pieces_from_bytes = comm, pieces_from_bytes
@@ -33,15 +32,9 @@ class HostMPI:
         if send.nbytes >= self.pieces_from_bytes():
             reduce_scatter_in_pieces(self.comm, send, recv)
             return Pending()
-        return self._started("reduce_scatter", send, recv, blocking)
+        return self.run("reduce_scatter", send, recv, blocking)
 
-    def allreduce(self, send, recv, blocking: bool) -> Pending:
-        return self._started("allreduce", send, recv, blocking)
-
-    def allgather(self, send, recv, blocking: bool) -> Pending:
-        return self._started("allgather", send, recv, blocking)
-
-    def _started(self, op: str, send, recv, blocking: bool) -> Pending:
+    def run(self, op: str, send, recv, blocking: bool) -> Pending:
         return Pending(self.call(op, send, recv, blocking), keep=(send, recv))
 
 
@@ -51,6 +44,6 @@ class CudaAwareMPI(HostMPI):
     def __init__(self, comm: MPI.Comm) -> None:
         super().__init__(comm, lambda: float("inf"))  # device buffers never go in host pieces
 
-    def _started(self, op: str, send, recv, blocking: bool) -> Pending:
+    def run(self, op: str, send, recv, blocking: bool) -> Pending:
         array_module(recv).cuda.get_current_stream().synchronize()
-        return super()._started(op, send, recv, blocking)
+        return super().run(op, send, recv, blocking)

@@ -7,6 +7,7 @@ import numpy as np
 from mpizero.arrays import array_module
 from mpizero.comm.pending import Pending
 from mpizero.comm.staging import CHUNK_BYTES, CupyCopies, PlainCopies, staged_in_chunks
+from mpizero.comm.transports.base import Transport
 from mpizero.errors import ZeroError
 
 STAGING_ENV_VAR = "MPIZERO_STAGING"
@@ -21,27 +22,16 @@ def requested_staging(environ) -> str:
     return value
 
 
-class PinnedStaging:
+class PinnedStaging(Transport):
     """Device buffers staged through page-locked host buffers in chunks, the copies on a side stream overlapped
     with MPI (``staging``); the call is complete when it returns."""
-
-    two_level = False
 
     def __init__(self, mpi, rank: int, world_size: int) -> None:
         self.mpi, self.rank, self.world_size = mpi, rank, world_size
         self.chunk_bytes = CHUNK_BYTES  # tests make it small to cut buffers at odd places
         self._copies: dict = {}  # array module -> its staging copies (pinned buffers, side stream)
 
-    def reduce_scatter(self, send, recv, blocking: bool) -> Pending:
-        return self._staged("reduce_scatter", send, recv)
-
-    def allreduce(self, send, recv, blocking: bool) -> Pending:
-        return self._staged("allreduce", send, recv)
-
-    def allgather(self, send, recv, blocking: bool) -> Pending:
-        return self._staged("allgather", send, recv)
-
-    def _staged(self, op: str, send, recv) -> Pending:
+    def run(self, op: str, send, recv, blocking: bool) -> Pending:
         def collective(host_send, host_recv):
             return self.mpi.call(op, host_send, host_recv, True)
 
@@ -56,25 +46,14 @@ class PinnedStaging:
         return self._copies[xp]
 
 
-class PageableStaging:
+class PageableStaging(Transport):
     """Device buffers copied to new host arrays and back (``get`` and ``set``); nonblocking calls stay
     nonblocking."""
-
-    two_level = False
 
     def __init__(self, mpi) -> None:
         self.mpi = mpi
 
-    def reduce_scatter(self, send, recv, blocking: bool) -> Pending:
-        return self._staged("reduce_scatter", send, recv, blocking)
-
-    def allreduce(self, send, recv, blocking: bool) -> Pending:
-        return self._staged("allreduce", send, recv, blocking)
-
-    def allgather(self, send, recv, blocking: bool) -> Pending:
-        return self._staged("allgather", send, recv, blocking)
-
-    def _staged(self, op: str, send, recv, blocking: bool) -> Pending:
+    def run(self, op: str, send, recv, blocking: bool) -> Pending:
         staged_send = None if send is None else send.get()
         staged_recv = np.empty(recv.shape, recv.dtype)
         if send is None:
