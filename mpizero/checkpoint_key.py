@@ -4,16 +4,21 @@ The key is ``MPIZERO_CHECKPOINT_KEY``'s text, or the bytes of the file
 ``MPIZERO_CHECKPOINT_KEY_FILE`` names. Set and empty, either is refused: an
 empty key would sign nothing. The file must be a regular file, checked before
 it is opened (a FIFO or a terminal would block the read forever) and again on
-the open descriptor. Ranks agree on the key's presence and a digest of it
-(never the key itself) before it is used, so every rank that has a key holds
-the one that signs and checks (``agree``); the engine's set-up signature
-carries ``described`` too, so ranks with different keys stop at set-up.
+the open descriptor. Ranks agree on the key's presence and a digest of it,
+salted afresh by rank 0 for each comparison and compared in constant time,
+before it is used, so every rank that has a key holds the one that signs and
+checks (``agreed``); the engine's set-up signature carries ``compared`` too, so
+ranks with different keys stop at set-up. An error names where each rank's key
+came from (the variable, the file), never the key or any function of it.
+
+It sits below ``checkpoint`` (which signs and checks with it) because the engine's set-up agrees on it too.
 """
 
 from __future__ import annotations
 
-import hashlib
+import hmac
 import os
+import secrets
 
 from mpizero import files
 from mpizero.comm import agree
@@ -43,17 +48,24 @@ def read(environ=os.environ) -> bytes | None:
     return key
 
 
-def fingerprint(key: bytes | None) -> str:
-    """What ranks compare: ``none``, or 16 hex digits of a digest of the key (which does not reveal it)."""
-    return "none" if key is None else "sha256 " + hashlib.sha256(b"mpizero checkpoint key\0" + key).hexdigest()[:16]
+def source(environ=os.environ) -> str:
+    """Where this rank's key comes from, in words that say nothing of the key itself."""
+    if KEY_VARIABLE in environ:
+        return f"a key from {KEY_VARIABLE}"
+    if KEY_FILE_VARIABLE in environ:
+        return f"a key from {KEY_FILE_VARIABLE}={environ[KEY_FILE_VARIABLE]}"
+    return "none"
 
 
-def described(environ=os.environ) -> str:
-    """This rank's key as other ranks may see it: ``none``, a digest of it, or why it cannot be used."""
+def compared(collectives, environ=os.environ) -> agree.Concealed | str:
+    """This rank's key as ranks compare it (collective: rank 0 draws the salt): its source, shown, with a salted
+    digest that is compared in constant time and never shown; ``none``; or why it cannot be used."""
+    salt = collectives.bcast_object(secrets.token_bytes(16), "a salt to compare checkpoint keys by")
     try:
-        return fingerprint(read(environ))
+        key = read(environ)
     except CheckpointError as error:
         return f"unusable: {error}"
+    return "none" if key is None else agree.Concealed(source(environ), hmac.digest(salt, key, "sha256"))
 
 
 def agreed(collectives, environ=os.environ) -> bytes | None:
@@ -66,7 +78,7 @@ def agreed(collectives, environ=os.environ) -> bytes | None:
         problem = str(error)
     try:
         agree.raise_if_any(collectives, problem, "the checkpoint key")
-        agree.raise_unless_equal(collectives, {"the checkpoint key": fingerprint(key)})
+        agree.raise_unless_equal(collectives, {"the checkpoint key": compared(collectives, environ)})
     except agree.ZeroError as error:
         raise CheckpointError(str(error)) from None
     return key

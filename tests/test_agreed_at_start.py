@@ -1,8 +1,10 @@
 """Every rank runs the same mpizero code and version and holds the same checkpoint key, or every rank stops at
 start-up with one line naming the ranks; a key is never shown, and a key that cannot be read is refused at once."""
 
+import hmac
 import json
 import os
+import re
 import shutil
 import time
 
@@ -11,6 +13,8 @@ from checkpoint_runs import TRAIN, copy_of, refused, train
 from mpirun import ROOT, run_mpi
 
 from mpizero.checkpoint_key import KEY_FILE_VARIABLE, KEY_VARIABLE
+from mpizero.comm import agree
+from mpizero.comm.agree import Concealed
 
 
 def per_rank(tmp_path, n: int, ranks: dict, *args):
@@ -72,7 +76,15 @@ def test_ranks_with_different_keys_stop_before_the_first_step(tmp_path, saved, k
     args = ["-m", "mpizero", *TRAIN[2:], "--steps", 6, "--resume", path, "--checkpoint-dir", tmp_path / "ck"]
     line = refused(tmp_path, path, per_rank_command(tmp_path, 2, ranks, *args, "--checkpoint-every", 2), "")
     assert "ranks disagree on the checkpoint key (ranks [1] differ from rank 0): rank 0: '" in line
-    assert not any(key in line for key in keys.values())  # a digest, never the key
+    assert f"'a key from {KEY_VARIABLE}'" in line  # where the key came from, and nothing of the key
+    assert not any(key in line for key in keys.values()) and not re.search(r"[0-9a-f]{8}", line), line
+
+
+def test_keys_are_compared_by_a_salted_digest_in_constant_time_and_never_shown():
+    shown = f"a key from {KEY_VARIABLE}"
+    one, same, other = (Concealed(shown, hmac.digest(b"salt", key, "sha256")) for key in (b"k1", b"k1", b"k2"))
+    assert one == same and one != other and repr(one) == repr(other) == repr(shown)
+    assert agree._digest({"the key": one}) == agree._digest({"the key": same}) != agree._digest({"the key": other})
 
 
 ENGINE = """

@@ -12,6 +12,7 @@ is wrong are the details gathered from every rank, to name them exactly.
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Hashable
 
 from mpi4py import MPI
@@ -66,5 +67,25 @@ def _short(value, limit: int = 160) -> str:
 
 
 def _digest(fields: dict) -> str:
-    """A digest of every field's value, equal on two ranks exactly when their ``repr``s are."""
-    return hashlib.blake2b(repr(sorted(fields.items())).encode(), digest_size=16).hexdigest()
+    """A digest of every field's value, equal on two ranks exactly when their ``repr``s (a ``Concealed`` value's
+    digest besides) are."""
+    shown = [(name, (v.shown, v.digest.hex()) if isinstance(v, Concealed) else v) for name, v in fields.items()]
+    return hashlib.blake2b(repr(sorted(shown)).encode(), digest_size=16).hexdigest()
+
+
+class Concealed:
+    """A value ranks must agree on but no message may show (a salted digest of a secret): shown as ``shown``,
+    equal to another only where both ``digest``s are, compared in constant time."""
+
+    def __init__(self, shown: str, digest: bytes) -> None:
+        self.shown, self.digest = shown, digest
+
+    def __repr__(self) -> str:
+        return repr(self.shown)
+
+    def __eq__(self, other) -> bool:
+        same_shown = isinstance(other, Concealed) and other.shown == self.shown
+        return same_shown and hmac.compare_digest(self.digest, other.digest)
+
+    def __hash__(self) -> int:
+        return hash(self.shown)

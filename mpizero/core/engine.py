@@ -101,7 +101,7 @@ class ZeroEngine:
         self._hyper: tuple | None = None  # this step's optimizer hyper-parameters, read at its first reduction
         self._holding = self._hold_next_pass = False  # a pass run again because a rank held nothing (Keep.REDO)
         agree.raise_if_any(self.collectives, problem, "bad parameters")
-        signature = setup_signature(params, group_names, self.config, self.collectives.paths, self.bound.describe())
+        signature = setup_signature(params, group_names, self.config, self.collectives, self.bound.describe())
         agree.raise_unless_equal(self.collectives, signature)
         self.groups: list[FlatGroup] = setup.build_groups(
             source, group_names, self.config, self.bound, self.collectives, offloaded and offloaded.path

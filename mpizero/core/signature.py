@@ -3,7 +3,7 @@
 The parameters are checked at the door (``params_problem``); then every rank's
 set-up signature, field by field, must equal rank 0's (``setup_signature``):
 same tensors, groups, settings, communication paths, optimizer, checkpoint key
-(its digest: ``checkpoint_key``) and initial values. Full arrays exist on
+(compared by a salted digest: ``checkpoint_key``) and initial values. Full arrays exist on
 every rank, so their values are hashed whole; a ``ShardedInit`` holds no
 values, so its ``identity`` stands for them (the engine then digests the
 shards each rank made: ``digest``).
@@ -58,8 +58,8 @@ def _device_problem(device: str) -> str | None:
     return None
 
 
-def setup_signature(params: Mapping | ShardedInit, group_names, config, paths, optimizer: str) -> dict:
-    """The fields every rank must agree on, by the name an error shows."""
+def setup_signature(params: Mapping | ShardedInit, group_names, config, collectives, optimizer: str) -> dict:
+    """The fields every rank must agree on, by the name an error shows (collective: the key's salt)."""
     if isinstance(params, ShardedInit):
         shapes, dtypes = params.shapes, (str(PARAM_DTYPE),) * len(params.shapes)
         values = {"the initializer": params.identity}
@@ -73,9 +73,9 @@ def setup_signature(params: Mapping | ShardedInit, group_names, config, paths, o
         "the parameter dtypes": dtypes,
         "the groups": tuple(map(tuple, group_names)),
         "the settings": {k: v for k, v in dataclasses.asdict(config).items() if k != "offload_dir"},  # per rank
-        "the communication paths": paths,
+        "the communication paths": collectives.paths,
         "the optimizer": optimizer,
-        "the checkpoint key": checkpoint_key.described(),
+        "the checkpoint key": checkpoint_key.compared(collectives),
         **values,
     }
 
