@@ -2,11 +2,11 @@
 
 from mpizero.core.config import ZeroConfig
 from mpizero.core.engine import ZeroEngine
-from mpizero.core.init import ShardedInit, philox_normal
 from mpizero.core.layout import FlatLayout, TensorSpec
 from mpizero.core.optim import SGD, Adam, AdamW
 from mpizero.core.partition import Partition, split_evenly
 from mpizero.core.reference import Reference
+from mpizero.core.sharded_init import ShardedInit, philox_normal
 from mpizero.core.stages import STAGES, Sharding
 from mpizero.errors import ZeroError
 

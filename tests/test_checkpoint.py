@@ -17,9 +17,8 @@ import pytest
 from checkpoint_runs import TRAIN, copy_of, refused, resume_from, train
 from mpirun import ROOT, run_mpi, run_mpi_ok
 
-from mpizero.checkpoint import directory as checkpoints
+from mpizero.checkpoint import catalog, store
 from mpizero.checkpoint import manifest as manifest_format
-from mpizero.checkpoint import store
 
 TAG = "MPIZERO_TEST_RUN"
 
@@ -288,7 +287,7 @@ def test_a_copy_moved_aside_is_not_taken_for_the_newest(tmp_path):
     """A crash after a re-save of step 4 was renamed into place, before its older copy was removed."""
     fake_checkpoint(tmp_path, "ckpt-00000004", 4, "a" * 16)
     fake_checkpoint(tmp_path, f"ckpt-00000004.replaced-{'a' * 16}-0a1b2c3d", 4, "a" * 16)
-    assert checkpoints.find_latest(str(tmp_path)) == (str(tmp_path / "ckpt-00000004"), [])
+    assert catalog.find_latest(str(tmp_path)) == (str(tmp_path / "ckpt-00000004"), [])
 
 
 def test_a_checkpoint_whose_step_is_unreadable_is_left_by_rotation(tmp_path, saved, straight):
@@ -334,7 +333,7 @@ def test_rotation_deletes_only_the_runs_older_checkpoints_and_never_a_newer_one(
     (tmp_path / f"ckpt-00000009.partial-{ours}-0000").mkdir()
     (tmp_path / f"ckpt-00000001.partial-{theirs}-0000").mkdir()
     (tmp_path / "ckpt-00000001.replaced-x").mkdir()  # torn, of no known run: left alone
-    checkpoints.rotate(str(tmp_path), 2, ours, str(written))
+    catalog.rotate(str(tmp_path), 2, ours, str(written))
     assert sorted(os.listdir(tmp_path)) == [
         "ckpt-00000001.partial-" + theirs + "-0000",
         "ckpt-00000001.replaced-x",
@@ -345,7 +344,7 @@ def test_rotation_deletes_only_the_runs_older_checkpoints_and_never_a_newer_one(
         "ckpt-00000009.partial-" + ours + "-0000",
         "other",
     ]
-    checkpoints.rotate(str(tmp_path), 1, ours, str(written))
+    catalog.rotate(str(tmp_path), 1, ours, str(written))
     assert {"ckpt-00000003", "ckpt-00000004", "ckpt-00000006"} <= set(os.listdir(tmp_path))
     assert "ckpt-00000002" not in os.listdir(tmp_path)
 
@@ -355,20 +354,20 @@ def test_a_rotation_killed_midway_leaves_a_torn_checkpoint_of_the_run(tmp_path, 
     for step in (2, 4):
         fake_checkpoint(tmp_path, f"ckpt-{step:08d}", step, ours)
     monkeypatch.setattr(shutil, "rmtree", lambda path: os.unlink(os.path.join(path, "manifest.json")))
-    checkpoints.rotate(str(tmp_path), 1, ours, str(tmp_path / "ckpt-00000004"))
-    (torn,) = [f for f in checkpoints.catalog(str(tmp_path)) if f.path != str(tmp_path / "ckpt-00000004")]
+    catalog.rotate(str(tmp_path), 1, ours, str(tmp_path / "ckpt-00000004"))
+    (torn,) = [f for f in catalog.catalog(str(tmp_path)) if f.path != str(tmp_path / "ckpt-00000004")]
     assert torn.run == ours and torn.step == 2 and not torn.complete
-    assert checkpoints.owner_problem(str(tmp_path), ours, continuing=True) is None
+    assert catalog.owner_problem(str(tmp_path), ours, continuing=True) is None
 
 
 def test_a_checkpoint_is_recognised_by_its_manifest_whatever_its_name(tmp_path, saved, straight):
     copy, out = tmp_path / "my copy", tmp_path / "params.npy"
     shutil.copytree(saved / "ckpt-00000002", copy)
-    assert checkpoints.resolve(str(copy)) == (str(copy), [])
+    assert catalog.resolve(str(copy)) == (str(copy), [])
     train(2, 3, 4, "--resume", copy, "--save-params", out)
     assert out.read_bytes() == straight
     shutil.copytree(saved / "ckpt-00000004", tmp_path / "newest, renamed")
-    assert checkpoints.find_latest(str(tmp_path))[0] == str(tmp_path / "newest, renamed")
+    assert catalog.find_latest(str(tmp_path))[0] == str(tmp_path / "newest, renamed")
 
 
 # A resumed run is the same run.

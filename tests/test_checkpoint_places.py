@@ -16,8 +16,7 @@ from checkpoint_runs import TRAIN, refused, train, tree_digest
 from mpirun import rank_pids, run_mpi, start_mpi
 
 from mpizero import SGD, ZeroEngine
-from mpizero.checkpoint import directory as checkpoints
-from mpizero.checkpoint import store
+from mpizero.checkpoint import catalog, store
 from mpizero.checkpoint.manifest import CheckpointError
 
 
@@ -210,7 +209,7 @@ def test_the_deepest_data_a_checkpoint_holds_loads_back(tmp_path):
     engine = ZeroEngine({"w": np.ones(5, np.float32)}, SGD(lr=0.1), stage=1)
     path = store.save(engine, str(tmp_path / "ck"), training(nested(14)))
     assert store.load(engine, path).training["data"] == nested(14)
-    assert checkpoints.find_latest(str(tmp_path / "ck")) == (path, [])
+    assert catalog.find_latest(str(tmp_path / "ck")) == (path, [])
 
 
 def test_a_torch_save_refuses_data_it_could_not_load_back(tmp_path):

@@ -3,7 +3,7 @@
 Skips cleanly without CuPy or a CUDA device (CI has neither). What can be tested on the CPU is:
 staging and the one-rank path with a stand-in device array (tests/test_staging.py,
 tests/mpi/check_transport.py), the order-free embedding backward (tests/test_scatter.py), the
-fused kernels' formulas (tests/test_fused.py). launch/gpu_check.sh runs this file and more on a GPU.
+fused kernels' formulas (tests/test_arithmetic.py). launch/gpu_check.sh runs this file and more on a GPU.
 """
 
 import os

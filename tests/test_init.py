@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from mpizero import ShardedInit, philox_normal
 from mpizero.core import digest
 from mpizero.core.group import FlatGroup
-from mpizero.core.init import BLOCK, FillError, checked_fill, tensor_key
 from mpizero.core.layout import FlatLayout
 from mpizero.core.partition import Partition
+from mpizero.core.sharded_init import BLOCK, FillError, checked_fill, tensor_key
 from mpizero.core.stages import STAGES, ShardPlan
 
 AWKWARD = (1, 2, 3, 17, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + 3)  # tensors that end inside, at and past blocks

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mpizero import SGD, Adam, AdamW, Partition
-from mpizero.core.optim import BoundOptimizer, fused, groups, oracle, rules
+from mpizero.core.optim import BoundOptimizer, binding, device_update, oracle, rules
 from mpizero.core.optim.hyper import AdamHyper, SGDHyper
 from mpizero.core.optim.oracle import DocumentedOptimizer
 
@@ -171,8 +171,8 @@ def test_a_schedule_changes_the_next_snapshot_and_its_digest():
     before = bound.snapshot()
     optimizer.param_groups[0]["lr"] = 0.05
     after = bound.snapshot()
-    assert after[0].lr == 0.05 and groups.digest(after) != groups.digest(before)
-    assert groups.digest(after) == groups.digest(bound.snapshot()) < 2**groups.DIGEST_BITS
+    assert after[0].lr == 0.05 and binding.digest(after) != binding.digest(before)
+    assert binding.digest(after) == binding.digest(bound.snapshot()) < 2**binding.DIGEST_BITS
 
 
 @pytest.mark.parametrize(
@@ -241,7 +241,7 @@ def test_the_fused_device_update_gives_the_host_updates_bytes_in_one_launch(rule
 def test_the_fused_update_kernels_c_spelling():
     hyper = AdamHyper(lr=1e-3, weight_decay=0.1, decoupled_weight_decay=True)
     constants = {k: v if isinstance(v, bool) else np.float32(v) for k, v in rules.AdamRule.constants(hyper, 3).items()}
-    inputs, outputs, body = fused.kernel_source(rules.AdamRule, hyper, constants, ["exp_avg", "exp_avg_sq"])
+    inputs, outputs, body = device_update.kernel_source(rules.AdamRule, hyper, constants, ["exp_avg", "exp_avg_sq"])
     assert inputs.startswith("float32 grad, float32 c_beta1, float32 c_beta2,") and inputs.endswith("float32 c_eps")
     assert outputs == "float32 param, float32 exp_avg, float32 exp_avg_sq"
     m = "((exp_avg * c_beta1) + (grad * c_one_minus_beta1))"
@@ -251,4 +251,4 @@ def test_the_fused_update_kernels_c_spelling():
         f"float new_exp_avg = {m}; float new_exp_avg_sq = {v}; float new_param = {update}; "
         "exp_avg = new_exp_avg; exp_avg_sq = new_exp_avg_sq; param = new_param;"
     )
-    assert fused.OPTIONS == ("--fmad=false",)  # no multiply and add contracted: each rounds as NumPy's do
+    assert device_update.OPTIONS == ("--fmad=false",)  # no multiply and add contracted: each rounds as NumPy's do

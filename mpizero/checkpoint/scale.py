@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from mpizero.checkpoint import manifest, store
-from mpizero.checkpoint.layout import SavedLayout
+from mpizero.checkpoint.placement import SavedLayout
 from mpizero.checkpoint.shards import BLOCK_BYTES, bytes_to_read, file_bytes
 from mpizero.core.optim import AdamW
 from mpizero.core.optim.hyper import as_dict

@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from mpizero.checkpoint.layout import SavedLayout
+from mpizero.checkpoint.placement import SavedLayout
 from mpizero.errors import CheckpointError
 
 DIGEST = hashlib.sha256().digest_size

@@ -37,10 +37,9 @@ import numpy as np
 
 from mpizero import checkpoint_key, files
 from mpizero.arrays import to_host, write
-from mpizero.checkpoint import compat, lock, manifest, replicated, structure
-from mpizero.checkpoint import directory as checkpoints
-from mpizero.checkpoint.layout import SavedLayout
+from mpizero.checkpoint import catalog, compat, lock, manifest, replicated, structure
 from mpizero.checkpoint.manifest import MANIFEST
+from mpizero.checkpoint.placement import SavedLayout
 from mpizero.checkpoint.shards import BLOCK_BYTES, CheckpointReader, file_name, write_rank_file
 from mpizero.comm import agree
 from mpizero.core import faults
@@ -68,9 +67,9 @@ def save(
     _agreed(collectives, manifest.data_problem(training_state.get("data")), "checkpoint save")
     run = training_state.get("run") or compat.run_identity(compat.engine_settings(engine, training_state))
     training_state = {**training_state, "run": run}
-    final = os.path.join(directory, checkpoints.checkpoint_name(int(training_state["step"])))
+    final = os.path.join(directory, catalog.checkpoint_name(int(training_state["step"])))
     partial = collectives.bcast_object(
-        checkpoints.marked(final, checkpoints.PARTIAL, run) if rank == 0 else None, "the save directory"
+        catalog.marked(final, catalog.PARTIAL, run) if rank == 0 else None, "the save directory"
     )
     problem = None
     if rank == 0:
@@ -140,7 +139,7 @@ def _publish(record: dict, partial: str, final: str, keep: int | None, signing: 
     directory, run = os.path.dirname(final), record["training"]["run"]
     manifest.write(partial, record, signing)
     files.fsync_directory(partial)
-    aside = checkpoints.marked(final, checkpoints.REPLACED, run) if os.path.exists(final) else None
+    aside = catalog.marked(final, catalog.REPLACED, run) if os.path.exists(final) else None
     if aside:
         os.replace(final, aside)
     os.replace(partial, final)
@@ -148,7 +147,7 @@ def _publish(record: dict, partial: str, final: str, keep: int | None, signing: 
     if aside:
         shutil.rmtree(aside)
     if keep is not None:
-        checkpoints.rotate(directory, keep, run, final)
+        catalog.rotate(directory, keep, run, final)
 
 
 def _attempt(action) -> str | None:
@@ -195,7 +194,7 @@ def _agreed(collectives, problem: str | None, context: str) -> None:
 
 def _claim_problem(directory: str, run: str, continuing: bool) -> str | None:
     """Lock ``directory`` for run ``run`` unless another process holds it or it may not save there (``claim``)."""
-    problem = lock.hold(directory, run) or checkpoints.owner_problem(directory, run, continuing)
+    problem = lock.hold(directory, run) or catalog.owner_problem(directory, run, continuing)
     if problem:
         lock.release(directory)
     return problem

@@ -59,7 +59,7 @@ def load(spec: str):
 
 def run(args, comm) -> int:
     try:
-        from mpizero.torch.check import check as check_recipe
+        from mpizero.torch.recipe_check import check as check_recipe
     except ImportError as error:
         raise ZeroError(f"check needs torch ({error}): pip install torch") from None
     make_recipe = load(args.recipe)

@@ -13,8 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mpizero.checkpoint import directory
-from mpizero.checkpoint import store as checkpoint
+from mpizero.checkpoint import catalog, store
 from mpizero.cli import options
 from mpizero.comm import agree
 from mpizero.comm.collectives import Collectives
@@ -45,14 +44,14 @@ def run(args, comm) -> int:
         except agree.ZeroError as error:  # a bad checkpoint, or an output that must not be written
             problem = str(error)
         except OSError as error:
-            problem = f"cannot write {checkpoint.describe(error)}"
+            problem = f"cannot write {store.describe(error)}"
     agree.raise_if_any(Collectives(comm, args.watchdog or None), problem, "cannot consolidate")
     return 0
 
 
 def _consolidate(args) -> None:
-    path, torn = directory.resolve(args.checkpoint)
+    path, torn = catalog.resolve(args.checkpoint)
     for message in torn:
         print(message, file=sys.stderr)
-    names = checkpoint.consolidate(path, args.output, include_optimizer=args.optimizer)
+    names = store.consolidate(path, args.output, include_optimizer=args.optimizer)
     print(f"wrote {len(names)} arrays from {path} to {args.output}")

@@ -145,7 +145,7 @@ def print_scale_table(args) -> None:
     for stage, setup in setups:
         if stage == 0:
             continue
-        numels = [g.tensors for g in group_runs(units, stage, args.bucket_elems)]  # as ``setup`` lists its groups
+        numels = [g.tensors for g in group_runs(units, stage, args.bucket_elems)]  # as ``build`` lists its groups
         held = sum(formulas.engine_bytes(setup).values())
         sent = formulas.traffic_per_step(setup, rounds)
         calls = formulas.calls_per_step(setup, rounds, True, args.reduction)

@@ -2,7 +2,7 @@
 
 An output is refused if writing it would overwrite a checkpoint: it is, or
 lies inside, a directory holding a manifest anywhere, or a place where a save
-into a checkpoint directory the command names puts one (``directory``); or an
+into a checkpoint directory the command names puts one (``catalog``); or an
 input; or another output; or if it is not a regular file, or its temporary
 file cannot be created (``files``: name and path length, symlink loops,
 permissions). Checkpoint directories must be directories that can be made
@@ -13,7 +13,7 @@ lie inside a checkpoint either.
 from __future__ import annotations
 
 from mpizero import files
-from mpizero.checkpoint import directory
+from mpizero.checkpoint import catalog
 
 
 def problems(
@@ -25,13 +25,13 @@ def problems(
     places = [*inputs.values(), *directories.values()]
     found, others = [], {}
     for flag, path in outputs.items():
-        over = directory.checkpoint_problem(path, places)
+        over = catalog.checkpoint_problem(path, places)
         if over:
             found.append(f"{flag} {path} {over}: it would be overwritten")
         else:
             others[flag] = path
     for flag, path in work_directories.items():
-        over = directory.checkpoint_problem(path, places)
+        over = catalog.checkpoint_problem(path, places)
         if over:
             found.append(f"{flag} {path} {over}: it would be written into")
     found += files.output_problems(others, inputs, directories)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from mpizero import files
-from mpizero.checkpoint import directory
+from mpizero.checkpoint import catalog
 from mpizero.comm import agree
 from mpizero.core import formulas
 from mpizero.core.memory import format_bytes
@@ -46,7 +46,7 @@ def save_problems(args, ranks: int) -> list[str]:
     if not args.checkpoint_dir:
         return []
     last = args.steps - args.steps % args.checkpoint_every
-    problem = directory.save_problem(args.checkpoint_dir, last, ranks)
+    problem = catalog.save_problem(args.checkpoint_dir, last, ranks)
     return [f"--checkpoint-dir {args.checkpoint_dir}: {problem}"] if problem else []
 
 

@@ -16,8 +16,7 @@ from collections.abc import Callable
 
 from mpizero import files
 from mpizero.arrays import device_module, to_device
-from mpizero.checkpoint import compat, directory
-from mpizero.checkpoint import store as checkpoint
+from mpizero.checkpoint import catalog, compat, store
 from mpizero.cli import options, preflight
 from mpizero.comm import agree
 from mpizero.comm.collectives import Collectives
@@ -194,7 +193,7 @@ def run(args, comm) -> int:
         done, run_id = resume(args, engine, trainer, settings)
         first_step = done + 1
     if args.checkpoint_dir:
-        checkpoint.claim(engine.collectives, args.checkpoint_dir, run_id, continuing=bool(args.resume))
+        store.claim(engine.collectives, args.checkpoint_dir, run_id, continuing=bool(args.resume))
     size = args.global_batch // args.micro_batches
 
     def batch(m: int, step: int):
@@ -216,7 +215,7 @@ def run(args, comm) -> int:
         if rank0 and (step % args.log_every == 0 or step in (first_step, args.steps)):
             print(progress_line(args, task, step, report, elapsed, engine.memory()), flush=True)
         if args.checkpoint_dir and step % args.checkpoint_every == 0:
-            path = checkpoint.save(
+            path = store.save(
                 engine, args.checkpoint_dir, training_state(step, engine, trainer, settings, run_id), args.keep
             )
             if rank0:
@@ -251,7 +250,7 @@ def written(write: Callable[[], None]) -> str | None:
     try:
         write()
     except OSError as error:
-        return f"cannot write {checkpoint.describe(error)}"
+        return f"cannot write {store.describe(error)}"
     except files.OutputError as error:  # replaced by something not a file since the check before the steps
         return str(error)
     return None
@@ -297,21 +296,21 @@ def resume(args, engine, trainer, settings: dict) -> tuple[int, str]:
     (``--resume-override NAME`` lets NAME differ), and ``--steps`` must go past its step.
     """
     comm = engine.comm
-    path, torn = directory.resolve_agreed(engine.collectives, args.resume)
+    path, torn = catalog.resolve_agreed(engine.collectives, args.resume)
     if comm.Get_rank() == 0:
         for message in torn:
             print(message, flush=True)
-    loaded = checkpoint.load(engine, path, overrides=args.resume_override)
+    loaded = store.load(engine, path, overrides=args.resume_override)
     state = loaded.training
-    where = os.path.join(path, checkpoint.MANIFEST)
+    where = os.path.join(path, store.MANIFEST)
     compat.check_settings(state.get("settings", {}), settings, where, args.resume_override)
     if state["optimizer_steps"] + state["skipped_steps"] != state["step"]:
-        raise checkpoint.CheckpointError(
+        raise store.CheckpointError(
             f"{where}: field training.step: {state['step']}, but optimizer_steps {state['optimizer_steps']} "
             f"+ skipped_steps {state['skipped_steps']} = {state['optimizer_steps'] + state['skipped_steps']}"
         )
     if args.steps <= state["step"]:
-        raise checkpoint.CheckpointError(
+        raise store.CheckpointError(
             f"--steps {args.steps} does not go past step {state['step']}, where {path} ended: nothing would be trained"
         )
     engine.step_count, engine.skipped_steps = state["optimizer_steps"], state["skipped_steps"]

@@ -11,9 +11,7 @@ same steps one group at a time: ``gather``/``release`` parameters, then
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -22,40 +20,30 @@ from mpizero.arrays import array_module
 from mpizero.comm import agree
 from mpizero.comm.collectives import Collectives
 from mpizero.comm.job import launch
-from mpizero.core import faults, precision, setup, states
+from mpizero.core import build, faults, precision, states
 from mpizero.core.config import ZeroConfig
+from mpizero.core.engine_hyper import HyperAgreement, bind_optimizer
+from mpizero.core.engine_params import ParamAccess
+from mpizero.core.engine_state import StateAccess
 from mpizero.core.gradients import Keep
-from mpizero.core.group import FlatGroup, ParamState, StatePiece
-from mpizero.core.init import ShardedInit, from_arrays
-from mpizero.core.memory import KINDS, MemoryLog, peak_rss_bytes
-from mpizero.core.optim import BoundOptimizer
-from mpizero.core.optim import groups as optim_groups
+from mpizero.core.group import FlatGroup
+from mpizero.core.memory import MemoryLog
 from mpizero.core.reduce import norm, scales
 from mpizero.core.reduce.reduction import REDUCTIONS
 from mpizero.core.reduce.tally import FIXED_FIELDS, GroupTally, settle_pending
+from mpizero.core.sharded_init import ShardedInit, from_arrays
 from mpizero.core.signature import params_problem, setup_signature
 from mpizero.core.stages import GradientCollective
-from mpizero.core.step import StepOrderError, StepState, StepTracker
+from mpizero.core.step import StepOrderError, StepResult, StepState, StepTracker
 
 IN_FLIGHT = 2  # gradient collectives left running at once; older ones are finished to free their buffers
 
 
-@dataclass(frozen=True)
-class StepResult:
-    """What one step did: the optimizer steps taken so far, whether it was skipped, the gradient norm."""
-
-    step: int
-    skipped: bool
-    grad_norm: float | None = None
-    redo: bool = False  # the scale prediction failed: hand the same gradients in again (see ``scales``)
-    loss: object = None  # what a caller's closure returned (``mpizero.torch``'s ``step(closure)``)
-
-
-class ZeroEngine:
+class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
     """ZeRO stages 0-3 for named float32 parameters, bitwise equal to the single-rank reference.
 
     ``params``: the full arrays, with the same names, shapes, dtypes and values on
-    every rank; or a ``ShardedInit`` (``init``), from which each rank makes only
+    every rank; or a ``ShardedInit`` (``sharded_init``), from which each rank makes only
     the values it holds, so that at stage 3 no rank ever holds the whole model.
     ``groups`` lists parameter names per flat group (default: one group).
     ``initial_digest`` tells runs apart by their initial values, at any world size.
@@ -79,7 +67,7 @@ class ZeroEngine:
         self.names = list(params.shapes if sharded else params)
         group_names = [self.names] if groups is None else [list(g) for g in groups]
         problem = params_problem(params, group_names)
-        self.bound, bind_problem = _bind(optimizer, self.names) if problem is None else (None, None)
+        self.bound, bind_problem = bind_optimizer(optimizer, self.names) if problem is None else (None, None)
         problem = problem or bind_problem
         source = params if sharded or problem is not None else from_arrays(params)  # what fill makes values from
         problem = problem or precision.device_problem(source.device, self.config.param_dtype)
@@ -103,14 +91,14 @@ class ZeroEngine:
         agree.raise_if_any(self.collectives, problem, "bad parameters")
         signature = setup_signature(params, group_names, self.config, self.collectives, self.bound.describe())
         agree.raise_unless_equal(self.collectives, signature)
-        self.groups: list[FlatGroup] = setup.build_groups(
+        self.groups: list[FlatGroup] = build.build_groups(
             source, group_names, self.config, self.bound, self.collectives, offloaded and offloaded.path
         )
         self.numel = sum(g.layout.numel for g in self.groups)
         pairs = self.config.pair_contributions
         self.pairs = self.groups[0].plan.pairs_contributions if pairs is None else pairs
         if sharded:
-            setup.agree_held_params(self.groups, self.collectives)
+            build.agree_held_params(self.groups, self.collectives)
         self.initial_digest = self.master_digest()
         for group in self.groups:
             group.gradients.keep_local_grads(self.collectives, self.reduction)
@@ -118,62 +106,6 @@ class ZeroEngine:
         tensors = [[s.name for s in g.layout.specs] for g in self.groups]
         self.scales = scales.StepScales(tensors, self.reduction, self.config.scale_headroom)
         self._sample_after()
-
-    # Parameters -----------------------------------------------------------
-
-    @contextlib.contextmanager
-    def gathered(self) -> Iterator[dict]:
-        """Yield the full parameters by name (read-only); at stage 3 they are freed on exit."""
-        try:
-            views = {}
-            for index in range(len(self.groups)):
-                views.update(self.gather(index))
-            for view in views.values():
-                _make_read_only(view)
-            yield {name: views[name] for name in self.names}
-        finally:
-            for index in range(len(self.groups)):
-                self.release(index)
-
-    def gather(self, index: int, blocking: bool = True, out=None) -> dict:
-        """Gather group ``index``'s full params (stage 3); return its views by name once complete.
-
-        ``out``: a buffer of the group's padded numel in the param dtype to gather into (zero-copy callers).
-        """
-        group = self.groups[index]
-        self.collectives.watchdog.context = f"step {self.step_number}, gathering group {index}"
-        group.gather(self.collectives, blocking=blocking or not self.config.overlap, out=out)
-        if group.plan.gathers_params:
-            self._gathered.add(index)
-            self.peak_gathered_groups = max(self.peak_gathered_groups, len(self._gathered))
-        self._sample_after([index])
-        return group.views() if group.state is ParamState.UNSHARDED else {}
-
-    def full_params(self, index: int):
-        """Group ``index``'s full params, flat and padded (every rank's, at stages 0-2; at 3 while gathered)."""
-        return self.groups[index].full_params
-
-    def release(self, index: int) -> None:
-        """Free group ``index``'s full params if the stage keeps only shards."""
-        self.groups[index].release()
-        self._gathered.discard(index)
-        self._note_held([index])
-
-    @property
-    def step_number(self) -> int:
-        """The step being taken now (counting skipped steps), for messages."""
-        return self.step_count + self.skipped_steps + 1
-
-    def _note_held(self, indices: Iterable[int] | None = None) -> None:
-        """Tell the memory log what groups ``indices`` (default: all) hold now; each call after a group changes."""
-        for index in range(len(self.groups)) if indices is None else indices:
-            self.memory_log.note(index, self.groups[index].memory())
-
-    def _sample_after(self, indices: Iterable[int] | None = None) -> None:
-        """``_note_held(indices)``, then one sample of the bytes held now: the groups' as noted, and the
-        communicator's."""
-        self._note_held(indices)
-        self.memory_log.sample({"comm": self.collectives.held_bytes})
 
     # Gradients and updates ------------------------------------------------
 
@@ -411,42 +343,6 @@ class ZeroEngine:
             return f"offloaded training state: {error}; resume from the last checkpoint"
         return None
 
-    def read_hyper(self) -> tuple[tuple | None, int, str | None]:
-        """The optimizer's hyper-parameters now, checked: (them, their digest, None), or (None, -1, the problem)."""
-        try:
-            hyper = self.bound.snapshot()
-        except ValueError as error:
-            return None, -1, f"optimizer: {error}"
-        return hyper, optim_groups.digest(hyper), None
-
-    def _read_hyper(self, tally) -> float:
-        """Read this step's hyper-parameters once (a problem is noted on ``tally``); return their digest."""
-        if self._hyper is None:
-            self._hyper, self._hyper_digest, problem = self.read_hyper()
-            if problem is not None:
-                tally.note(problem)
-        return float(self._hyper_digest)
-
-    def raise_hyper_disagreement(self, hyper: tuple | None, problem: str | None) -> None:
-        """Name the ranks whose hyper-parameters could not be read, or the first that differs from rank 0's, on
-        every rank (collective)."""
-        everyone = self.collectives.allgather_object(problem or self.bound.record(hyper), "the hyper-parameters")
-        said = agree.by_rank(everyone)
-        if said:
-            raise agree.ZeroError(f"step {self.step_number}: {said}")
-        rank, group, name = next(
-            (r, g, n)
-            for r, record in enumerate(everyone)
-            for g, (ours, theirs) in enumerate(zip(everyone[0]["groups"], record["groups"]))
-            for n in ours["hyper"]
-            if ours["hyper"][n] != theirs["hyper"][n]
-        )
-        values = everyone[0]["groups"][group]["hyper"][name], everyone[rank]["groups"][group]["hyper"][name]
-        raise agree.ZeroError(
-            f"step {self.step_number}: parameter group {group}'s {name} is {values[0]!r} on rank 0 but {values[1]!r} "
-            f"on rank {rank}: every rank must set the same hyper-parameters (the same learning-rate schedule)"
-        )
-
     def _begin_step(self) -> None:
         """At a step's first call: fresh tallies, and the scales this pass encodes with (predicted, or forced)."""
         if not self._tracker.begin():
@@ -475,20 +371,6 @@ class ZeroEngine:
         self._pending.clear()
         self._tracker.reset()
 
-    def scale_state(self) -> dict[str, list | None]:
-        """Each tensor's history (the last step's agreed maximum and count), from which the next step's scale is
-        predicted (for checkpoints)."""
-        return {name: self.scales.saved(name) for name in self.names}
-
-    def restore_scale_state(self, state: Mapping[str, list | None]) -> None:
-        """Continue predicting scales from a saved ``scale_state()``."""
-        self.scales.restore({name: state.get(name) for name in self.names})
-
-    @property
-    def redone_steps(self) -> int:
-        """Steps that ran twice because their scale prediction missed (``scales``)."""
-        return self.scales.redone_steps
-
     def _nonfinite_result(self) -> bool:
         """Agree whether any averaged gradient overflowed (MPI's float32 sum can); raise or skip as configured."""
         local = not all(bool(array_module(g.grad_shard).isfinite(g.grad_shard).all()) for g in self.groups)
@@ -516,90 +398,3 @@ class ZeroEngine:
             for piece in pieces:
                 piece *= np.float32(factor)
         return grad_norm
-
-    # Training state by tensor piece (checkpoints) -------------------------
-
-    def shard_pieces(self) -> list[StatePiece]:
-        """This rank's shard of the training state, padding stripped: each element is in exactly one rank's pieces."""
-        return [piece for g in self.groups for piece in g.state_pieces(*g.plan.shard_range)]
-
-    def owned_pieces(self) -> list[StatePiece]:
-        """All training state this rank updates (everything at stage 0): what a load must fill."""
-        return [piece for g in self.groups for piece in g.state_pieces(*g.plan.owned_range)]
-
-    def set_state(self, index: int, name: str, values: Mapping) -> None:
-        """Set group ``index``'s state ``name`` (``master`` or an optimizer state) from full float32 host tensors
-        by name (no communication).
-
-        After setting masters, call ``publish`` once every group is set, with every group released, so all ranks
-        compute with them.
-        """
-        self.groups[index].set_state(name, values)
-
-    def publish(self) -> None:
-        """Make the parameters every rank computes with equal to the master again (after the state was set)."""
-        for group in self.groups:
-            group.publish(self.collectives)
-
-    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Every parameter's shape by name, in the model's order."""
-        shapes = {s.name: s.shape for g in self.groups for s in g.layout.specs}
-        return {name: shapes[name] for name in self.names}
-
-    # Reports --------------------------------------------------------------
-
-    def master_params(self) -> dict[str, np.ndarray]:
-        """Return the full float32 master parameters by name on every rank (host arrays)."""
-        result = {}
-        for index in range(len(self.groups)):
-            result.update(self.state_group(index, "master"))
-        return {name: result[name] for name in self.names}
-
-    def state_group(self, index: int, name: str) -> dict[str, np.ndarray]:
-        """Return group ``index``'s state ``name`` of every tensor, whole, by tensor name, on every rank (host
-        arrays; collective)."""
-        return self.groups[index].full_state(self.collectives, name)
-
-    def master_digest(self) -> str:
-        """A digest of the fp32 master params, the same at any world size (collective: each rank digests its shard)."""
-        return setup.master_digest(self.groups, self.collectives)
-
-    def memory(self) -> dict[str, int]:
-        """Bytes this rank holds now, by kind (``memory.KINDS``), read from the buffers themselves."""
-        total = dict.fromkeys(KINDS, 0)
-        for group in self.groups:
-            for kind, nbytes in group.memory().items():
-                total[kind] += nbytes
-        total["comm"] += self.collectives.held_bytes
-        return total
-
-    def memory_report(self) -> dict:
-        """Bytes held now and at the peak so far, by kind; the peak total; the process's peak RSS; the other
-        ranks' shared pages that RSS counts during a step (``Collectives.mapped_bytes``); and the bytes this rank
-        keeps on disk (``states``; 0 in memory)."""
-        log = self.memory_log
-        return {
-            "now": self.memory(),
-            "peak": dict(log.peak),
-            "peak_total": log.peak_total,
-            "rss": peak_rss_bytes(),
-            "mapped": self.collectives.mapped_bytes,
-            "disk": sum(g.place.disk_bytes for g in self.groups),
-        }
-
-
-def _bind(optimizer, names: list[str]) -> tuple[BoundOptimizer | None, str | None]:
-    """The optimizer bound to the tensors, or the problem (another kind of object, or parameter groups that do not
-    cover the tensors exactly once)."""
-    try:
-        return BoundOptimizer(optimizer, names), None
-    except AttributeError:
-        kind = type(optimizer).__name__
-        return None, f"optimizer must be mpizero.SGD, Adam or AdamW (torch.optim's through mpizero.torch), got {kind}"
-    except (ValueError, TypeError) as error:
-        return None, f"optimizer: {error}"
-
-
-def _make_read_only(view) -> None:
-    if isinstance(view, np.ndarray):
-        view.flags.writeable = False

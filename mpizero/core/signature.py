@@ -20,7 +20,7 @@ import numpy as np
 
 from mpizero import checkpoint_key
 from mpizero.arrays import device_module, to_host
-from mpizero.core.init import ShardedInit
+from mpizero.core.sharded_init import ShardedInit
 from mpizero.errors import ZeroError
 
 PARAM_DTYPE = np.dtype(np.float32)

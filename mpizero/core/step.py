@@ -11,6 +11,7 @@ prediction failed ends like any other and the next pass starts at IDLE again.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 
 class StepState(enum.Enum):
@@ -85,3 +86,14 @@ class StepTracker:
                 f"step {step}: finish_step() called with no start_reduce() this step ({self.state.value})"
             )
         return self.state is StepState.SKIPPING
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step did: the optimizer steps taken so far, whether it was skipped, the gradient norm."""
+
+    step: int
+    skipped: bool
+    grad_norm: float | None = None
+    redo: bool = False  # the scale prediction failed: hand the same gradients in again (see ``scales``)
+    loss: object = None  # what a caller's closure returned (``mpizero.torch``'s ``step(closure)``)

@@ -4,7 +4,7 @@
 ``mpizero.arrays.device_module("standin")``): ``xp.zeros``, ``xp.asarray``, ``xp.stack`` and every other
 NumPy function make and take device arrays (``device.ndarray``), ``xp.cuda`` has streams and events. It refuses
 what CuPy refuses (``device``), counts every copy between device and host and every wait (``bus.COUNTS``), and
-evaluates the engine's CUDA kernels with NumPy, from the same formulas (``mpizero.core.reduce.fused``). It is a
+evaluates the engine's CUDA kernels with NumPy, from the same formulas (``mpizero.core.reduce.arithmetic``). It is a
 test device: nothing runs faster, and the CUDA source itself is not compiled here.
 """
 

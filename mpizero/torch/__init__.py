@@ -1,6 +1,6 @@
 """mpizero for PyTorch modules: ``shard(model, optimizer, stage=...)`` (needs ``pip install mpizero[torch]``)."""
 
-from mpizero.torch.check import Recipe, Report, check
+from mpizero.torch.recipe_check import Recipe, Report, check
 from mpizero.torch.shard import ShardedModel, shard
 from mpizero.torch.units import default_units
 

@@ -18,8 +18,7 @@ import json
 
 import torch
 
-from mpizero.checkpoint import compat, store
-from mpizero.checkpoint import directory as checkpoints
+from mpizero.checkpoint import catalog, compat, store
 from mpizero.comm import agree
 from mpizero.core.optim.hyper import field_names
 from mpizero.torch.optimizer import is_torch_optimizer
@@ -51,7 +50,7 @@ def save(zero, directory: str, data: dict | None, keep: int | None, scheduler) -
 def load(zero, path: str, overrides, scheduler) -> dict:
     """Restore ``zero`` from a checkpoint, or the newest under a directory (collective); return its training state."""
     engine = zero.engine
-    path, _ = checkpoints.resolve_agreed(engine.collectives, path)
+    path, _ = catalog.resolve_agreed(engine.collectives, path)
     restored = is_torch_optimizer(zero.optimizer)
     if restored:  # the saved hyper-parameters are set on the optimizer, so none of them is refused
         overrides = field_names(engine.bound.rule.hyper_type)

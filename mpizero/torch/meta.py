@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from mpizero.arrays import device_of
-from mpizero.core.init import ShardedInit
+from mpizero.core.sharded_init import ShardedInit
 from mpizero.torch.tensors import as_array
 from mpizero.torch.units import trainable
 

@@ -25,8 +25,8 @@ from mpi4py import MPI
 from mpizero import heap
 from mpizero.arrays import array_module
 from mpizero.comm import agree
-from mpizero.core.engine import StepResult, ZeroEngine
-from mpizero.core.step import StepOrderError
+from mpizero.core.engine import ZeroEngine
+from mpizero.core.step import StepOrderError, StepResult
 from mpizero.errors import ZeroError
 from mpizero.torch import checkpoints, habits, optim_state, rng, state
 from mpizero.torch.buffers import BufferSync

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpizero.arrays import device_module, to_device
-from mpizero.core.init import ShardedInit
+from mpizero.core.sharded_init import ShardedInit
 from mpizero.training.model import param_shapes
 
 CHECKPOINT = 1 << 20  # draws between kept generator states, and the most drawn at once (8 MiB of float64)

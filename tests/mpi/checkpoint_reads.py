@@ -17,8 +17,8 @@ from mpi4py import MPI
 
 from mpizero import AdamW, ZeroEngine
 from mpizero.checkpoint import manifest, store
-from mpizero.checkpoint.directory import resolve
-from mpizero.checkpoint.layout import SavedLayout
+from mpizero.checkpoint.catalog import resolve
+from mpizero.checkpoint.placement import SavedLayout
 from mpizero.checkpoint.shards import DIGEST, blocks, bytes_to_read
 
 comm = MPI.COMM_WORLD

@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 from mpizero import SGD, ZeroEngine, ZeroError
 from mpizero.checkpoint import store
-from mpizero.checkpoint.directory import resolve
+from mpizero.checkpoint.catalog import resolve
 from mpizero.checkpoint_key import KEY_VARIABLE
 
 comm = MPI.COMM_WORLD

@@ -1,7 +1,7 @@
 """The optimizer: torch.optim's algorithms (``rules``), their hyper-parameters (``hyper``), parameter groups
-(``optimizers``, ``groups``), and the float64 oracle of what they mean (``oracle``)."""
+(``optimizers``, ``binding``), and the float64 oracle of what they mean (``oracle``)."""
 
-from mpizero.core.optim.groups import BoundOptimizer
+from mpizero.core.optim.binding import BoundOptimizer
 from mpizero.core.optim.optimizers import OPTIMIZERS, SGD, Adam, AdamW, Optimizer
 
 __all__ = ["OPTIMIZERS", "SGD", "Adam", "AdamW", "BoundOptimizer", "Optimizer"]

@@ -8,7 +8,7 @@ torch.optim's documented algorithms (``oracle`` checks them in float64).
 
 ``formula(ops, arrays, c, hyper)`` maps the current ``param``, ``grad`` and
 state arrays to the new param and states; ``NUMPY_OPS`` evaluates it on host
-arrays in cache-sized chunks, and ``fused`` spells it as one CUDA kernel.
+arrays in cache-sized chunks, and ``device_update`` spells it as one CUDA kernel.
 Python conditions on ``hyper`` and ``c`` choose the terms, so a kernel
 generated from the same function is specialized to them.
 """
@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from mpizero.arrays import CHUNK, array_module
-from mpizero.core.optim import fused
+from mpizero.core.optim import device_update
 from mpizero.core.optim.hyper import AdamHyper, SGDHyper
 
 NUMPY_OPS = SimpleNamespace(
@@ -100,12 +100,12 @@ class AdamRule:
 def update(rule, hyper, step: int, param, grad, state: dict) -> None:
     """Apply one step of ``rule`` in place: ``param`` and ``state`` from ``grad`` (flat float32 arrays, equal
     length); ``step`` counts the optimizer steps taken, from 1. Host arrays go in cache-sized chunks, device
-    arrays in one fused kernel (``fused``)."""
+    arrays in one fused kernel (``device_update``)."""
     arrays = {"param": flat(param), "grad": flat(grad), **{k: flat(v) for k, v in state.items()}}
     constants = {k: v if isinstance(v, bool) else np.float32(v) for k, v in rule.constants(hyper, step).items()}
     xp = array_module(arrays["param"])
     if xp is not np:
-        fused.device_update(xp, rule, hyper, arrays, constants, NUMPY_OPS)
+        device_update.device_update(xp, rule, hyper, arrays, constants, NUMPY_OPS)
         return
     for start in range(0, arrays["param"].size, CHUNK):
         view = {k: a[start : start + CHUNK] for k, a in arrays.items()}

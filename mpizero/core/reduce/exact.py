@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from mpizero.arrays import CHUNK, array_module, read_back
-from mpizero.core.reduce import fused
+from mpizero.core.reduce import arithmetic
 
 SUM_BITS = 62
 FLOAT32_BITS = 24
@@ -88,7 +88,7 @@ def decode(total, k: int, count: int, out) -> None:
     n = total.size
     divisor = math.ldexp(float(count), k)  # exact: (S * 2**-k) / count == S / (count * 2**k)
     if xp is not np:
-        fused.device_decode(xp, total, divisor, flat_out)  # one pass: the same bits (tests/test_fused.py)
+        arithmetic.device_decode(xp, total, divisor, flat_out)  # one pass: the same bits (tests/test_fused.py)
         return
     power_of_two = count & (count - 1) == 0  # then multiplying by the exact reciprocal is the same division
     scaled = xp.empty(min(n, CHUNK), dtype=np.float64)

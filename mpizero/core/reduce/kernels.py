@@ -1,4 +1,4 @@
-"""The host's encode kernel: one pass per tensor, built from ``fused``'s formula by the system C compiler.
+"""The host's encode kernel: one pass per tensor, built from ``arithmetic``'s formula by the system C compiler.
 
 The encode reads each float32 element once, keeps the int64 total in the same
 pass, and returns the largest magnitude and how many elements it left out, so
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from mpizero.arrays import CHUNK
-from mpizero.core.reduce import fused
+from mpizero.core.reduce import arithmetic
 
 ENV_VAR = "MPIZERO_HOST_KERNELS"
 CACHE_ENV_VAR = "MPIZERO_CACHE_DIR"
@@ -63,12 +63,12 @@ PAIR_LOOP = """    for (size_t i = 0; i < n; i++) {{
         total[i] = {statement};
     }}
 """
-SECOND_OPS = fused.masked_ops(fused.HOST_C_OPS, "inside_y")
+SECOND_OPS = arithmetic.masked_ops(arithmetic.HOST_C_OPS, "inside_y")
 
 
 def _pair_statement(total: str) -> str:
     """``total + rint(x * f) + rint(y * f)``, each rounded where its own element is inside."""
-    return fused.encode(SECOND_OPS, fused.encode(fused.HOST_C_OPS, total, "v", "f"), "w", "f")
+    return arithmetic.encode(SECOND_OPS, arithmetic.encode(arithmetic.HOST_C_OPS, total, "v", "f"), "w", "f")
 
 
 SOURCE = (
@@ -89,9 +89,9 @@ int64_t mz_encode(int64_t *restrict total, const float *restrict x, size_t n, fl
     int64_t outside = 0;
     if (assign) {
 """
-    + LOOP.format(statement=fused.encode(fused.HOST_C_OPS, "0", "v", "f"))
+    + LOOP.format(statement=arithmetic.encode(arithmetic.HOST_C_OPS, "0", "v", "f"))
     + "    } else {\n"
-    + LOOP.format(statement=fused.encode(fused.HOST_C_OPS, "total[i]", "v", "f"))
+    + LOOP.format(statement=arithmetic.encode(arithmetic.HOST_C_OPS, "total[i]", "v", "f"))
     + """    }
     *top_out = top;
     return outside;
@@ -149,7 +149,7 @@ def numpy_encode(total, x, k: int, lo: int, hi: int, assign: bool) -> tuple[int,
     n, top, outside = x.size, 0, 0
     size = min(n, CHUNK)
     bits, left_out, scaled, whole = (np.empty(size, t) for t in (np.uint32, bool, np.float32, np.int64))
-    ops = fused.numpy_ops(k)
+    ops = arithmetic.numpy_ops(k)
     with np.errstate(over="ignore", invalid="ignore"):
         for start in range(0, n, CHUNK):
             stop = min(start + CHUNK, n)

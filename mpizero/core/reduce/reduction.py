@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from mpizero.arrays import array_module
-from mpizero.core.reduce import exact, fused, kernels, scales
+from mpizero.core.reduce import arithmetic, exact, kernels, scales
 
 EVERY_FINITE = (0, exact.INF_BITS)  # the magnitude range of every finite float32
 
@@ -108,7 +108,7 @@ def encode_range(total, x, k: int, lo: int, hi: int, assign: bool):
     xp = array_module(total)
     if xp is np:
         return kernels.encode(total, x, k, lo, hi, assign)
-    return fused.device_encode(xp, total, x, k, lo, hi, assign)
+    return arithmetic.device_encode(xp, total, x, k, lo, hi, assign)
 
 
 def encode_pair_range(total, x, y, k: int, lo: int, hi: int, assign: bool):
@@ -116,13 +116,13 @@ def encode_pair_range(total, x, y, k: int, lo: int, hi: int, assign: bool):
     xp = array_module(total)
     if xp is np:
         return kernels.encode_pair(total, x, y, k, lo, hi, assign)
-    return fused.device_encode_pair(xp, total, x, y, k, lo, hi, assign)
+    return arithmetic.device_encode_pair(xp, total, x, y, k, lo, hi, assign)
 
 
 def top_bits(x):
     """The largest magnitude's float32 bits of a flat array (a device scalar for device arrays)."""
     xp = array_module(x)
-    return kernels.top_bits(x) if xp is np else fused.device_top_and_outside(xp, x, *EVERY_FINITE)[0]
+    return kernels.top_bits(x) if xp is np else arithmetic.device_top_and_outside(xp, x, *EVERY_FINITE)[0]
 
 
 class NativeReduction:

@@ -1,6 +1,6 @@
-"""The one-pass exact encode and decode (core/reduce/fused.py), checked on the CPU through their one formula.
+"""The one-pass exact encode and decode (core/reduce/arithmetic.py), checked on the CPU through their one formula.
 
-The CUDA kernels cannot compile here; what they compute is ``fused.encode``/``fused.decode`` spelled in C,
+The CUDA kernels cannot compile here; what they compute is ``arithmetic.encode``/``arithmetic.decode`` spelled in C,
 so the NumPy evaluation of the same functions must give the host kernel's bytes, and the C spelling is pinned.
 """
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpizero import standin
-from mpizero.core.reduce import exact, fused, kernels
+from mpizero.core.reduce import arithmetic, exact, kernels
 
 
 def gradients(seed: int, n: int = 1000) -> np.ndarray:
@@ -28,7 +28,7 @@ def test_the_encode_formula_gives_the_host_paths_bytes(seed, k, assign):
     host = total.copy()
     with np.errstate(over="ignore", invalid="ignore"):
         kernels.encode(host, x, k, 0, exact.INF_BITS + 1, assign=assign)
-        formula = fused.encode(fused.NUMPY_OPS, 0 if assign else total, x, k)
+        formula = arithmetic.encode(arithmetic.NUMPY_OPS, 0 if assign else total, x, k)
         finite = np.isfinite(np.ldexp(x, k)) & (np.abs(np.ldexp(x.astype(np.float64), k)) < 2.0**62)
     assert formula[finite].tobytes() == host[finite].tobytes()  # beyond the scale's range: never decoded
 
@@ -39,17 +39,20 @@ def test_the_decode_formula_gives_the_host_paths_bytes(seed, k, count):
     total = np.random.default_rng(seed).integers(-(2**62), 2**62, 999)
     host = np.empty(total.size, np.float32)
     exact.decode(total, k, count, host)
-    formula = fused.decode(fused.NUMPY_OPS, total, np.ldexp(float(count), k))
+    formula = arithmetic.decode(arithmetic.NUMPY_OPS, total, np.ldexp(float(count), k))
     assert formula.dtype == np.float32 and formula.tobytes() == host.tobytes()
 
 
 def test_the_kernels_c_expressions():
-    assert fused.encode(fused.C_OPS, "total", "x", "k") == "total + (long long)rintf(ldexpf(x, k))"
-    assert fused.decode(fused.C_OPS, "total", "divisor") == "(float)((double)total / divisor)"
-    assert fused.masked("total", fused.C_OPS, True) == "total = 0 + (long long)rintf(ldexpf(inside ? x : 0.0f, k))"
-    host = fused.encode(fused.HOST_C_OPS, "total[i]", "v", "f")
+    assert arithmetic.encode(arithmetic.C_OPS, "total", "x", "k") == "total + (long long)rintf(ldexpf(x, k))"
+    assert arithmetic.decode(arithmetic.C_OPS, "total", "divisor") == "(float)((double)total / divisor)"
+    assert (
+        arithmetic.masked("total", arithmetic.C_OPS, True)
+        == "total = 0 + (long long)rintf(ldexpf(inside ? x : 0.0f, k))"
+    )
+    host = arithmetic.encode(arithmetic.HOST_C_OPS, "total[i]", "v", "f")
     assert host == "total[i] + (int64_t)(inside ? nearbyintf(v * f) : 0.0f)" and host in kernels.SOURCE
-    assert fused.masked_pair("total", fused.C_OPS, False) == (
+    assert arithmetic.masked_pair("total", arithmetic.C_OPS, False) == (
         "total = total + (long long)rintf(ldexpf(inside ? x : 0.0f, k)) + (long long)rintf(ldexpf(inside_y ? y : "
         "0.0f, k))"
     )
@@ -60,7 +63,7 @@ def test_the_kernels_c_expressions():
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10_000), k=st.integers(-140, 140), cap=st.integers(0, exact.INF_BITS), assign=st.booleans())
 def test_the_device_paired_encode_gives_the_hosts_bytes(seed, k, cap, assign):
-    """The stand-in evaluates the device's paired kernel (``fused.numpy_kernels``): the host's paired bytes, counts
+    """The stand-in evaluates the device's paired kernel (``arithmetic.numpy_kernels``): the host's paired bytes, counts
     and maxima, each contribution's own."""
     x, y = gradients(seed), gradients(seed + 7)[::-1].copy()
     total = np.random.default_rng(seed).integers(-(2**40), 2**40, x.size)
@@ -68,7 +71,9 @@ def test_the_device_paired_encode_gives_the_hosts_bytes(seed, k, cap, assign):
     device = standin.asarray(total)
     with np.errstate(over="ignore", invalid="ignore"):
         expected = kernels.encode_pair(host, x, y, k, 0, cap, assign)
-        found = fused.device_encode_pair(standin, device, standin.asarray(x), standin.asarray(y), k, 0, cap, assign)
+        found = arithmetic.device_encode_pair(
+            standin, device, standin.asarray(x), standin.asarray(y), k, 0, cap, assign
+        )
     assert [tuple(int(v) for v in standin.asnumpy(standin.stack(list(f)))) for f in found] == [*expected]
     reach = np.abs(np.ldexp(x.astype(np.float64), k)) + np.abs(np.ldexp(y.astype(np.float64), k)) < 2.0**61
     assert standin.asnumpy(device)[reach].tobytes() == host[reach].tobytes()

@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 from mpizero.arrays import device_module
 from mpizero.comm import agree
-from mpizero.core import digest, init
+from mpizero.core import digest, sharded_init
 from mpizero.core.group import FlatGroup
 from mpizero.core.layout import FlatLayout
 from mpizero.core.partition import Partition
@@ -21,12 +21,14 @@ from mpizero.core.reduce.reduction import REDUCTIONS
 from mpizero.core.stages import ShardPlan, sharding
 
 
-def build_groups(source: init.ShardedInit, group_names, config, bound, collectives, offload_to=None) -> list[FlatGroup]:
+def build_groups(
+    source: sharded_init.ShardedInit, group_names, config, bound, collectives, offload_to=None
+) -> list[FlatGroup]:
     """Every group's buffers on this rank, in group order (collective: the outcome is agreed). ``offload_to``: a
     directory each group's states move to as soon as it is made, so no more than one group's are ever held."""
     comm = collectives.comm
     xp, rank, size = device_module(source.device), comm.Get_rank(), comm.Get_size()
-    fill, groups, problem = init.checked_fill(source, xp), [], None
+    fill, groups, problem = sharded_init.checked_fill(source, xp), [], None
     try:
         for names in group_names:
             layout = FlatLayout.from_shapes({n: source.shapes[n] for n in names})
@@ -36,7 +38,7 @@ def build_groups(source: init.ShardedInit, group_names, config, bound, collectiv
             if offload_to is not None:
                 group.offload(offload_to, len(groups), REDUCTIONS[config.reduction].wire_dtype)
             groups.append(group)
-    except init.FillError as error:
+    except sharded_init.FillError as error:
         problem = str(error)
     except OSError as error:
         problem = f"offloading group {len(groups)} to {offload_to}: {error}"
