@@ -107,7 +107,7 @@ class Collectives:
         self.sums: dict = {}  # key -> OwnerSums: a group's round-by-round sum, on one host
         self.paths = self._settle_paths(on_device)
         levels = TwoLevel(comm, self.node, self.watchdog) if self.paths.two_level else None
-        self.transports = Router(comm, lambda: self.paths, levels)
+        self.transports = Router(comm, self.paths, levels)
         windows.free_orphans(self, world_ranks(comm))  # the windows of engines gone on every one of these ranks
 
     def _settle_paths(self, on_device: bool) -> paths.CommPaths:
@@ -287,7 +287,7 @@ class Collectives:
         router chooses, and wait if blocking."""
         counted_as = counted_as or op
         arena = next((a for a in self.arenas.values() if a.owns(send)), None) if send is not None else None
-        transport = self.transports.route(op, send, recv, arena)
+        transport = self.transports.route(op, send, recv, arena, self.paths)
         self.traffic.record(counted_as, full_bytes, self.comm.Get_size(), self.paths.nodes, transport.two_level)
         with self.watchdog.waiting(counted_as), self.traffic.timed(counted_as):
             pending = getattr(transport, op)(_wire(send), _wire(recv), blocking)

@@ -12,7 +12,7 @@ from mpizero.comm.transports.base import Transport
 
 class HostMPI(Transport):
     """MPI on host buffers; a large host reduce-scatter goes in cache-sized pieces (``reduce_scatter``), from
-    ``pieces_from_bytes()`` bytes (the agreed paths'), blocking."""
+    ``pieces_from_bytes`` bytes (the agreed paths'), blocking."""
 
     def __init__(self, comm: MPI.Comm, pieces_from_bytes) -> None:
         self.comm, self.pieces_from_bytes = comm, pieces_from_bytes
@@ -29,7 +29,7 @@ class HostMPI(Transport):
         return (self.comm.Allgather if blocking else self.comm.Iallgather)(send, recv)
 
     def reduce_scatter(self, send, recv, blocking: bool) -> Pending:
-        if send.nbytes >= self.pieces_from_bytes():
+        if send.nbytes >= self.pieces_from_bytes:
             reduce_scatter_in_pieces(self.comm, send, recv)
             return Pending()
         return self.run("reduce_scatter", send, recv, blocking)
@@ -42,7 +42,7 @@ class CudaAwareMPI(HostMPI):
     """MPI on device buffers, which a CUDA-aware MPI reads itself once the current stream has written them."""
 
     def __init__(self, comm: MPI.Comm) -> None:
-        super().__init__(comm, lambda: float("inf"))  # device buffers never go in host pieces
+        super().__init__(comm, float("inf"))  # device buffers never go in host pieces
 
     def run(self, op: str, send, recv, blocking: bool) -> Pending:
         array_module(recv).cuda.get_current_stream().synchronize()

@@ -15,26 +15,28 @@ class Router:
     levels where the paths say so); a host gather in two levels likewise; any other host buffer by MPI."""
 
     def __init__(self, comm, paths, levels) -> None:
-        """``paths()``: the agreed ``CommPaths`` now (they can lose the shared arena for good); ``levels``: the
-        ``hierarchical.TwoLevel`` communicators where the paths go in two levels, else None."""
-        self.paths, self.levels = paths, levels
+        """``paths``: the agreed ``CommPaths`` at set-up (where host buffers go in pieces, and how device buffers
+        travel, never change; whether reductions go through the shared arena may: ``route`` takes the paths
+        now); ``levels``: the ``hierarchical.TwoLevel`` communicators where the paths go in two levels, else None.
+        Nothing here refers back to the ``Collectives`` that owns it, so an engine dropped is freed at once."""
+        self.levels = levels
         self.local = Local() if comm.Get_size() == 1 else None
-        self.host = HostMPI(comm, lambda: self.paths().pieces_from_bytes)
-        self.device = _device_transport(paths().device, comm, self.host)
+        self.host = HostMPI(comm, paths.pieces_from_bytes)
+        self.device = _device_transport(paths.device, comm, self.host)
 
     @staticmethod
     def on_host(a) -> bool:
         """Whether ``a`` is a host buffer, which the host-only paths (shared arena, pieces, two levels) take."""
         return not is_device_array(a)
 
-    def route(self, op: str, send, recv, arena=None):
+    def route(self, op: str, send, recv, arena, paths):
         """The transport for ``op`` (``reduce_scatter``, ``allreduce``, ``allgather``) of ``send`` into ``recv``;
-        ``arena``: the node-shared arena ``send`` lies in, if any."""
+        ``arena``: the node-shared arena ``send`` lies in, if any; ``paths``: the agreed paths now."""
         if self.local is not None:
             return self.local
         if not self.on_host(recv):
             return self.device
-        two_level = self.paths().two_level
+        two_level = paths.two_level
         if two_level and (op == "allgather" or (op == "reduce_scatter" and arena is not None)):
             return TwoLevelArena(self.levels, arena)
         if arena is not None and not two_level:
