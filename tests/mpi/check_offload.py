@@ -8,9 +8,11 @@ master params of an offloaded run (the same at any world size), then ``offload c
 import functools
 import gc
 import itertools
+import json
 import os
 import resource
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from mpizero import SGD, Adam, Reference, ZeroEngine, split_evenly
 from mpizero.checkpoint import store
 from mpizero.core import formulas, states
 from mpizero.core.precision import PRECISIONS
+from mpizero.core.states import offload_directory
 from mpizero.training.mlp import MLP, regression_batch
 from mpizero.training.model import forward_backward
 from mpizero.training.trainer import Trainer
@@ -132,7 +135,10 @@ def check_states_live_on_disk_between_steps_and_one_group_in_memory_at_once():
     assert held[0] == 1, held  # offloaded, the other groups' sums wait on disk between rounds
     directory = os.path.dirname(engine.groups[0].place.file.path)
     assert os.path.basename(directory).startswith(f"{states.owners_prefix()}{os.getpid()}-rank{rank:05d}-")
-    assert sorted(os.listdir(directory)) == [f"group{i:05d}.state" for i in range(len(GROUPS))]
+    assert sorted(os.listdir(directory)) == [
+        offload_directory.MARKER,
+        *(f"group{i:05d}.state" for i in range(len(GROUPS))),
+    ]
     del engine
     gc.collect()
     assert not os.path.exists(directory)  # removed with its engine
@@ -174,7 +180,8 @@ def check_a_disk_too_small_on_one_rank_is_one_agreed_error_at_set_up():
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     if rank == size - 1:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (64, limit[1]))
+        # room for the directory's marker (about 150 bytes), not for group 0's file (720 bytes and more at -n 1-4)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (400, limit[1]))
     try:
         expect_error(lambda: engine_at(2, Adam(lr=1e-2)), "offloading group 0", "File too large")
     finally:
@@ -182,13 +189,34 @@ def check_a_disk_too_small_on_one_rank_is_one_agreed_error_at_set_up():
 
 
 def check_a_killed_runs_directory_is_removed_by_the_next_engine():
+    """Only a directory the killed run made is removed: its marker names it, and it holds nothing else."""
     dead = 2**22 + 12345  # above Linux's largest process id
-    left = os.path.join(BASE, f"{states.owners_prefix()}{dead}-rank{rank:05d}-x")
+
+    def made(name: str, pid: int, started, *others: str) -> str:
+        path = os.path.join(BASE, name)
+        os.makedirs(path)
+        marker = {"host": socket.gethostname(), "pid_namespace": os.stat("/proc/self/ns/pid").st_ino, "pid": pid}
+        Path(path, offload_directory.MARKER).write_text(json.dumps({**marker, "started": started, "token": "t"}))
+        for other in ("group00000.state", *others):
+            Path(path, other).touch()
+        return path
+
+    ours = f"{states.owners_prefix()}{dead}-rank{rank:05d}-"
+    left = made(ours + "a", dead, 12345)
+    holds_a_checkpoint = made(ours + "b", dead, 12345, "MANIFEST.json")
+    running = made(
+        f"{states.owners_prefix()}{os.getpid()}-rank{rank:05d}-c",
+        os.getpid(),
+        offload_directory._this_process()["started"],
+    )
+    unmarked = os.path.join(BASE, ours + "d")  # a checkpoint saved under such a name: a name alone is not enough
+    os.makedirs(unmarked)
+    Path(unmarked, "group00000.state").touch()
     other_host = os.path.join(BASE, f"{states.owners_prefix().rstrip('-')}9-{dead}-rank{rank:05d}-x")
-    os.makedirs(left)
     os.makedirs(other_host)  # another host's or namespace's, whose name begins as ours: never removed
     engine_at(0, SGD(lr=0.1))
-    assert not os.path.exists(left) and os.path.exists(other_host)
+    assert not os.path.exists(left)
+    assert all(os.path.exists(p) for p in (holds_a_checkpoint, running, unmarked, other_host))
 
 
 def check_a_directory_one_rank_cannot_use_is_one_agreed_error():

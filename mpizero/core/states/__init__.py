@@ -26,7 +26,7 @@ its host.
 from mpizero.core.states.disk import InFile
 from mpizero.core.states.group_file import GRAD, STATE_DTYPE, SUMS, GroupFile, MappedStates
 from mpizero.core.states.memory import InMemory
-from mpizero.core.states.rank_directory import OFFLOADS, PREFIX, RankDirectory, owners_prefix, rank_directory
+from mpizero.core.states.offload_directory import OFFLOADS, PREFIX, RankDirectory, owners_prefix, rank_directory
 from mpizero.core.states.turn import in_turn
 
 __all__ = [
