@@ -101,6 +101,18 @@ CASES = [
     (1, "train --steps 1e30", "--steps: must be from 1 to 2147483647, got 1000000000000000019884624838656"),
     (1, "train --seed 1e19", "--seed: must be from 0 to 2147483647"),
     (1, "train --offload-dir=", "--offload-dir: must be a path, got ''"),
+    (1, "train --offload-dir {tmp}/x --save-params {tmp}/x", "--save-params {tmp}/x is also --offload-dir"),
+    (1, "train --offload-dir {tmp}/x --memory-json {tmp}/x", "--memory-json {tmp}/x is also --offload-dir"),
+    (
+        1,
+        "train --offload-dir {tmp}/c --checkpoint-dir {tmp}/c --checkpoint-every 1",
+        "--checkpoint-dir {tmp}/c is also --offload-dir",
+    ),
+    (
+        1,
+        "train --offload-dir {tmp}/c/work --checkpoint-dir {tmp}/c --checkpoint-every 1",
+        "--offload-dir {tmp}/c/work and --checkpoint-dir {tmp}/c hold one another",
+    ),
     (1, "train --checkpoint-dir= --checkpoint-every 2", "--checkpoint-dir: must be a path, got ''"),
     (1, "verify --perturb-rank 5", "--perturb-rank 5 is not a rank of the 1 ranks"),
     (1, "", "required: command"),

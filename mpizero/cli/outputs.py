@@ -7,10 +7,14 @@ input; or another output; or if it is not a regular file, or its temporary
 file cannot be created (``files``: name and path length, symlink loops,
 permissions). Checkpoint directories must be directories that can be made
 and written; so must work directories (the disk tier's), which must not be or
-lie inside a checkpoint either.
+lie inside a checkpoint either. No two places a command names may be the same
+path, and a work directory and a checkpoint directory may not hold one another:
+each is checked against every other before any work.
 """
 
 from __future__ import annotations
+
+import os
 
 from mpizero import files
 from mpizero.checkpoint import catalog
@@ -36,4 +40,24 @@ def problems(
             found.append(f"{flag} {path} {over}: it would be written into")
     found += files.output_problems(others, inputs, directories)
     made = {**directories, **work_directories}
+    found += _overlaps(outputs, directories, work_directories)
     return found + [p for flag, path in made.items() for p in files.directory_problems(flag, path)]
+
+
+def _overlaps(outputs: dict[str, str], directories: dict[str, str], work_directories: dict[str, str]) -> list[str]:
+    """The named places that are one another, and the work and checkpoint directories that hold one another."""
+    named = [
+        (flag, os.path.realpath(path), path) for flag, path in {**outputs, **directories, **work_directories}.items()
+    ]
+    found = [
+        f"{flag} {path} is also {other_flag}: each needs a place of its own"
+        for i, (flag, real, path) in enumerate(named)
+        for other_flag, other_real, _ in named[i + 1 :]
+        if real == other_real
+    ]
+    for work_flag, work in work_directories.items():
+        for flag, directory in directories.items():
+            a, b = os.path.realpath(work), os.path.realpath(directory)
+            if a != b and (a.startswith(b + os.sep) or b.startswith(a + os.sep)):
+                found.append(f"{work_flag} {work} and {flag} {directory} hold one another: keep them apart")
+    return found
