@@ -79,3 +79,8 @@ class ZeroConfig:
             )
         if self.on_nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {self.on_nonfinite!r}")
+
+    def pairs(self, plan) -> bool:
+        """Whether contributions are encoded two in one pass: as ``pair_contributions`` says, else as ``plan``'s
+        stage does by default."""
+        return plan.pairs_contributions if self.pair_contributions is None else self.pair_contributions

@@ -95,8 +95,7 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
             source, group_names, self.config, self.bound, self.collectives, offloaded and offloaded.path
         )
         self.numel = sum(g.layout.numel for g in self.groups)
-        pairs = self.config.pair_contributions
-        self.pairs = self.groups[0].plan.pairs_contributions if pairs is None else pairs
+        self.pairs = self.config.pairs(self.groups[0].plan)
         if sharded:
             build.agree_held_params(self.groups, self.collectives)
         self.initial_digest = self.master_digest()
@@ -201,8 +200,9 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         tally = self._tallies[index]
         if group.gradients.accumulated:
             tally.note(f"reduce_round({index}) after accumulate for that group in the same step")
-        for other in set(range(len(self.groups))) - self._tracker.started - {index}:  # offloaded: one group's
-            self.groups[other].gradients.put_sums_away()  # streamed sum in memory between rounds, and those started
+        if not group.place.keeps_sums:  # offloaded: one group's streamed sum in memory between rounds, and started ones
+            for other in set(range(len(self.groups))) - self._tracker.started - {index}:
+                self.groups[other].gradients.put_sums_away()
         usable = grads is not None and tally.check(grads, self.names)
         self.collectives.watchdog.context = f"step {self.step_number}, round of group {index}"
         mode = self._keep_mode(keep, can_redo)
@@ -225,7 +225,7 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         tally = self._tallies[index]
         for grads in contributions:
             self._hand_in(index, grads, Keep.REFERENCE, can_redo=False, given_up=True)
-        self._record_encoded(tally, index, self.groups[index].gradients.flush(self.reduction))  # the last one
+        self._record_encoded(tally, index, self.groups[index].gradients.flush(self.reduction, self.scales.used[index]))
         self.collectives.watchdog.context = f"step {self.step_number}, group {index}"
         settle_pending(self._tallies)  # every group's device maxima so far, in one copy
         agreed = self.collectives.agree(tally.agreement_row(self._read_hyper(tally)))

@@ -50,7 +50,6 @@ class Waiting(NamedTuple):
     """A contribution handed in but not yet encoded, and how to hold what its encode leaves out."""
 
     grads: dict  # this group's arrays by name (the caller's dict may change)
-    predictions: list
     keep: Keep
     measure: bool
 
@@ -91,13 +90,12 @@ class GroupGradients:
         """Fold one contribution into the local grads (no communication); return each contribution encoded now
         with its maxima and left-out counts, ``[(Waiting, (tops, outside))]``. ``may_wait``: the caller will not
         write these arrays again and pairing is on, so where the reduction pairs they may wait, unencoded, for the
-        next contribution (none encoded now, or both)."""
-        arrived = Waiting({spec.name: grads[spec.name] for spec in self.layout.specs}, predictions, keep, measure)
+        next contribution (none encoded now, or both). A pass's ``predictions`` are the same for every
+        contribution, and ``end_step`` drops one still waiting, so a pair is always encoded at the scales of both."""
+        arrived = Waiting({spec.name: grads[spec.name] for spec in self.layout.specs}, keep, measure)
         if self.waiting is None and may_wait and reduction.pairs:
             self.waiting = arrived
             return []
-        if self.waiting is not None and self.waiting.predictions is not predictions:
-            return [*self.flush(reduction), *self.accumulate(reduction, grads, predictions, keep, measure, may_wait)]
         pair = [arrived] if self.waiting is None else [self.waiting, arrived]
         self.waiting = None
         if self.local_grads is None:
@@ -112,12 +110,12 @@ class GroupGradients:
         self.accumulated = True
         return list(zip(pair, found))
 
-    def flush(self, reduction) -> list:
-        """Encode the contribution waiting for a partner, if any, alone; return its maxima and counts (as
-        ``accumulate``)."""
+    def flush(self, reduction, predictions) -> list:
+        """Encode the contribution waiting for a partner, if any, alone, at this pass's ``predictions``; return its
+        maxima and counts (as ``accumulate``)."""
         if self.waiting is None:
             return []
-        grads, predictions, keep, measure = self.waiting
+        grads, keep, measure = self.waiting
         self.waiting = None
         return self.accumulate(reduction, grads, predictions, keep, measure, may_wait=False)
 
