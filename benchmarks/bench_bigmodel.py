@@ -25,6 +25,7 @@ from pathlib import Path
 
 from mpizero.comm.job.launcher import python_under_mpiexec
 from mpizero.core import formulas
+from mpizero.core.config import DiskOffload
 from mpizero.core.engine import IN_FLIGHT
 from mpizero.core.memory import format_bytes
 from mpizero.progress import progress
@@ -54,7 +55,7 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--offload-dir",
         default=None,
-        help="keep the master, optimizer and grad shards in files here (offload='disk'); the proof is "
+        help="keep the master, optimizer and grad shards in files here (DiskOffload); the proof is "
         "then that the in-memory run fails at -n RANKS under the cap",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -90,7 +91,7 @@ def worker(args) -> None:
     spec, data, model = model_of(args)
     groups = make_groups(model, STAGE, DEFAULT_BUCKET_ELEMS)
     base_rss, base_vm, start = peak_rss_bytes(), vm_bytes("VmSize"), time.perf_counter()
-    offloaded = {"offload": "disk", "offload_dir": args.offload_dir} if args.offload_dir else {}
+    offloaded = {"offload": DiskOffload(args.offload_dir)} if args.offload_dir else {}
     engine = ZeroEngine(
         initializer(param_shapes(model), args.seed),
         AdamW(lr=1e-3),

@@ -1,6 +1,6 @@
 """mpizero: ZeRO training-state partitioning (stages 0-3) over MPI, bitwise-verified."""
 
-from mpizero.core.config import ZeroConfig
+from mpizero.core.config import DiskOffload, ZeroConfig
 from mpizero.core.engine import ZeroEngine
 from mpizero.core.layout import FlatLayout, TensorSpec
 from mpizero.core.optim import SGD, Adam, AdamW
@@ -15,6 +15,7 @@ __all__ = [
     "SGD",
     "Adam",
     "AdamW",
+    "DiskOffload",
     "FlatLayout",
     "Partition",
     "Reference",

@@ -1,14 +1,17 @@
-"""The disk tier (``offload="disk"``) under real mpiexec at 1-4 ranks: same bytes as in memory and as the
+"""The disk tier (``DiskOffload``) under real mpiexec at 1-4 ranks: same bytes as in memory and as the
 reference, states on disk between steps, checkpoints across tiers and stages, agreed errors."""
 
 import io
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 from checkpoint_runs import train
 from mpirun import WORLD_SIZES, run_mpi, run_mpi_ok
+
+from mpizero import DiskOffload, ZeroConfig
 
 CHECKS = ["-m", "mpi4py", "tests/mpi/check_offload.py"]
 
@@ -97,12 +100,12 @@ def test_a_torch_recipe_offloaded_gives_the_in_memory_bytes_and_state_dicts(tmp_
     import torch
 
     zero, optimizer = torch_run(stage)
-    offloaded, offloaded_optimizer = torch_run(stage, offload="disk", offload_dir=str(tmp_path))
+    offloaded, offloaded_optimizer = torch_run(stage, offload=DiskOffload(str(tmp_path)))
     masters = {name: a.tobytes() for name, a in zero.master_params().items()}
     assert {name: a.tobytes() for name, a in offloaded.master_params().items()} == masters
     state, offloaded_state = optimizer.state_dict()["state"], offloaded_optimizer.state_dict()["state"]
     assert all(torch.equal(state[i][k], offloaded_state[i][k]) for i in state for k in state[i])
-    fresh, fresh_optimizer = torch_run(stage, steps=0, offload="disk", offload_dir=str(tmp_path))
+    fresh, fresh_optimizer = torch_run(stage, steps=0, offload=DiskOffload(str(tmp_path)))
     fresh_optimizer.load_state_dict(optimizer.state_dict())  # into the offload file
     fresh.load_state_dict(zero.state_dict())
     assert {name: a.tobytes() for name, a in fresh.master_params().items()} == masters
@@ -148,8 +151,19 @@ def test_parameters_on_a_device_are_refused_at_the_door(tmp_path):
     from mpizero import SGD, ZeroEngine, ZeroError, standin
 
     params = {"w": standin.asarray(np.ones(4, np.float32))}
-    with pytest.raises(
-        ZeroError, match="offload='disk' keeps host arrays, but the parameters live on the standin device"
-    ):
-        ZeroEngine(params, SGD(lr=0.1), offload="disk", offload_dir=str(tmp_path))
+    with pytest.raises(ZeroError, match="DiskOffload keeps host arrays, but the parameters live on the standin device"):
+        ZeroEngine(params, SGD(lr=0.1), offload=DiskOffload(str(tmp_path)))
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "make, fragment",
+    [
+        (lambda: ZeroConfig(offload="disk"), "offload must be DiskOffload(directory) or None, got 'disk'"),
+        (lambda: DiskOffload(""), "DiskOffload needs a directory's path, got ''"),
+        (lambda: DiskOffload(None), "DiskOffload needs a directory's path, got None"),
+    ],
+)
+def test_the_offload_setting_is_typed(make, fragment):
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        make()

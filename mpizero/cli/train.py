@@ -21,6 +21,7 @@ from mpizero.cli import options, preflight
 from mpizero.comm import agree
 from mpizero.comm.collectives import Collectives
 from mpizero.core import faults, formulas
+from mpizero.core.config import DiskOffload
 from mpizero.core.engine import ZeroEngine
 from mpizero.core.memory import format_bytes, peak_rss_bytes
 from mpizero.core.optim import OPTIMIZERS
@@ -270,8 +271,7 @@ def make_engine(args, model, precision, comm) -> ZeroEngine:
         overlap=not args.no_overlap,
         watchdog=args.watchdog or None,
         scale_headroom=args.scale_headroom,
-        offload="disk" if args.offload_dir else None,
-        offload_dir=args.offload_dir,
+        offload=DiskOffload(args.offload_dir) if args.offload_dir else None,
     )
 
 

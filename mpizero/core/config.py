@@ -11,10 +11,21 @@ from mpizero.core.precision import PRECISIONS
 from mpizero.core.reduce.reduction import REDUCTIONS
 from mpizero.core.reduce.scales import HEADROOM
 from mpizero.core.stages import STAGES
-from mpizero.core.states import OFFLOADS
 
 NONFINITE_POLICIES = ("raise", "skip")
 MAX_HEADROOM = 16  # more would leave fewer bits than float32's mantissa between the quantum and the maximum
+
+
+@dataclass(frozen=True)
+class DiskOffload:
+    """Keep the master, optimizer and grad shards (and the streamed sums between rounds) in files of the rank's
+    own, made inside ``directory`` (ZeRO-Infinity's NVMe offload on any file system; ``core/states``)."""
+
+    directory: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.directory, str) or not self.directory:
+            raise ValueError(f"DiskOffload needs a directory's path, got {self.directory!r}")
 
 
 @dataclass(frozen=True)
@@ -34,8 +45,7 @@ class ZeroConfig:
     - pair_contributions: hold a contribution whose arrays the caller gave up until the next arrives, and encode
       the two in one pass (the same bytes, 12 bytes an element and contribution instead of 20, one held float32
       gradient); None: where the stage keeps full local grads anyway (0-1, ``ShardPlan.pairs_contributions``).
-    - offload: ``"disk"`` keeps the master, optimizer and grad shards (and the streamed sums between rounds) in
-      files in ``offload_dir`` (``states``), or None.
+    - offload: where the states live besides memory: ``DiskOffload(directory)``, or None (in memory).
     """
 
     stage: int = 2
@@ -49,8 +59,7 @@ class ZeroConfig:
     allow_singleton: bool = False
     scale_headroom: int = HEADROOM
     pair_contributions: bool | None = None
-    offload: str | None = None
-    offload_dir: str | None = None
+    offload: DiskOffload | None = None
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES or isinstance(self.stage, bool):
@@ -70,13 +79,8 @@ class ZeroConfig:
             raise ValueError(f"scale_headroom must be an int in [0, {MAX_HEADROOM}], got {self.scale_headroom!r}")
         if self.pair_contributions not in (None, True, False):
             raise ValueError(f"pair_contributions must be True, False or None, got {self.pair_contributions!r}")
-        if self.offload not in OFFLOADS:
-            raise ValueError(f"offload must be one of {OFFLOADS}, got {self.offload!r}")
-        if (self.offload is None) != (self.offload_dir is None) or not isinstance(self.offload_dir, (str, type(None))):
-            raise ValueError(
-                f"offload={self.offload!r} needs offload_dir (a directory's path) with it, and only with it; "
-                f"got offload_dir={self.offload_dir!r}"
-            )
+        if not isinstance(self.offload, (DiskOffload, type(None))):
+            raise ValueError(f"offload must be DiskOffload(directory) or None, got {self.offload!r}")
         if self.on_nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"on_nonfinite must be one of {NONFINITE_POLICIES}, got {self.on_nonfinite!r}")
 

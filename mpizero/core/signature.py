@@ -72,12 +72,18 @@ def setup_signature(params: Mapping | ShardedInit, group_names, config, collecti
         "the parameter shapes": tuple(shapes.values()),
         "the parameter dtypes": dtypes,
         "the groups": tuple(map(tuple, group_names)),
-        "the settings": {k: v for k, v in dataclasses.asdict(config).items() if k != "offload_dir"},  # per rank
+        "the settings": settings(config),
         "the communication paths": collectives.paths,
         "the optimizer": optimizer,
         "the checkpoint key": checkpoint_key.compared(collectives),
         **values,
     }
+
+
+def settings(config) -> dict:
+    """``config``'s fields as every rank must agree on them: an offload's directory is each rank's own."""
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return {**fields, "offload": type(config.offload).__name__ if config.offload else None}
 
 
 def _digest(params: Mapping) -> str:

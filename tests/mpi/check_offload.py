@@ -22,7 +22,7 @@ from mpi4py import MPI
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from expect import expect_error
 
-from mpizero import SGD, Adam, Reference, ZeroEngine, split_evenly
+from mpizero import SGD, Adam, DiskOffload, Reference, ZeroEngine, split_evenly
 from mpizero.checkpoint import store
 from mpizero.core import formulas, states
 from mpizero.core.precision import PRECISIONS
@@ -41,7 +41,7 @@ os.makedirs(BASE, exist_ok=True)
 
 
 def engine_at(stage, optimizer, dtype="float32", disk=True, **settings):
-    settings.update({"offload": "disk", "offload_dir": BASE} if disk else {})
+    settings.update({"offload": DiskOffload(BASE)} if disk else {})
     return ZeroEngine(MODEL.init(1), optimizer, stage=stage, groups=GROUPS, param_dtype=dtype, **settings)
 
 
@@ -225,7 +225,7 @@ def check_a_directory_one_rank_cannot_use_is_one_agreed_error():
     where = a_file if rank == size - 1 else os.path.join(BASE, "made-on-demand")
 
     def make():
-        ZeroEngine(MODEL.init(1), SGD(lr=0.1), offload="disk", offload_dir=where)
+        ZeroEngine(MODEL.init(1), SGD(lr=0.1), offload=DiskOffload(where))
 
     expect_error(make, f"rank {size - 1}", "a-file' is a file, not a directory")
 

@@ -7,7 +7,7 @@ them through one interface and never ask which place it is; the engine chooses
 the place once, at set-up (``offload``).
 
 The disk tier (ZeRO-Infinity's NVMe offload, on any file system), with
-``offload="disk"``: each rank keeps, per group, one file (``GroupFile``) of the
+``offload=DiskOffload(directory)``: each rank keeps, per group, one file (``GroupFile``) of the
 states, back to back, and room for the streamed sum between rounds of
 micro-batches (``SUMS``). The grad shard is written as soon as it is decoded;
 the update reads a group's states whole, updates them and writes them back
@@ -17,7 +17,7 @@ Other readers and writers of the states (checkpoints, digests, loads) map the
 file. The arithmetic is the engine's in either case, so offloaded and
 in-memory runs give the same bytes.
 
-Each rank's files live in a directory of its own, made inside ``offload_dir``
+Each rank's files live in a directory of its own, made inside that directory
 (``mpizero-offload-*``, never a checkpoint's name) and removed with the
 engine, or at exit; one a killed process left is removed by the next engine on
 its host.
@@ -26,12 +26,11 @@ its host.
 from mpizero.core.states.disk import InFile
 from mpizero.core.states.group_file import GRAD, STATE_DTYPE, SUMS, GroupFile, MappedStates
 from mpizero.core.states.memory import InMemory
-from mpizero.core.states.offload_directory import OFFLOADS, PREFIX, RankDirectory, owners_prefix, rank_directory
+from mpizero.core.states.offload_directory import PREFIX, RankDirectory, owners_prefix, rank_directory
 from mpizero.core.states.turn import in_turn
 
 __all__ = [
     "GRAD",
-    "OFFLOADS",
     "PREFIX",
     "STATE_DTYPE",
     "SUMS",

@@ -1,4 +1,4 @@
-"""Each rank's own offload directory: made inside ``offload_dir``, removed with its engine or by the next one."""
+"""Each rank's own offload directory inside ``DiskOffload.directory``: removed with its engine or by the next one."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import socket
 import tempfile
 import weakref
 
-OFFLOADS = (None, "disk")
 PREFIX = "mpizero-offload-"  # never a checkpoint's name
 MARKER = ".mpizero-offload"  # what a rank's directory holds besides its group files: whose it is
 GROUP_FILE = re.compile(r"group\d{5}\.state")
@@ -22,14 +21,15 @@ def rank_directory(config, device: str, rank: int, owner: object) -> tuple[RankD
     if config.offload is None:
         return None, None
     if device != "cpu":
-        return None, f"offload={config.offload!r} keeps host arrays, but the parameters live on the {device} device"
+        return None, f"DiskOffload keeps host arrays, but the parameters live on the {device} device"
+    base = config.offload.directory
     try:
-        os.makedirs(config.offload_dir, exist_ok=True)
-        return RankDirectory(config.offload_dir, rank, owner), None
+        os.makedirs(base, exist_ok=True)
+        return RankDirectory(base, rank, owner), None
     except FileExistsError:
-        return None, f"offload_dir {config.offload_dir!r} is a file, not a directory"
+        return None, f"the offload directory {base!r} is a file, not a directory"
     except OSError as error:
-        return None, f"offload_dir {config.offload_dir!r}: {error.strerror or error}"
+        return None, f"the offload directory {base!r}: {error.strerror or error}"
 
 
 class RankDirectory:
