@@ -4,7 +4,7 @@ Run: python benchmarks/bench_bigmodel.py   (0.5B parameters: minutes, about 12 G
      python benchmarks/bench_bigmodel.py --model mlp --width 2048 --layers 12 --cap-mib 896   (the test's size)
      python benchmarks/bench_bigmodel.py --width 2560 --layers 25 --cap-mib 6144 --offload-dir /var/tmp/off
        (2B parameters, the optimizer states on disk: the in-memory run cannot even be set up at -n 4)
-Every rank's address space is capped (tests/mpi/capped.py sets RLIMIT_AS) below
+Every rank's address space is capped (tests/training/capped.py sets RLIMIT_AS) below
 what one rank needs for the model's fp32 parameters and Adam state. The model is
 built from a ShardedInit (``philox_normal``), so no rank ever makes the whole
 model. First the model must fail at ``-n 1`` under the cap (an agreed
@@ -34,7 +34,7 @@ from mpizero.training.registry import Size, entry, formula_setups
 from mpizero.training.trainer import DEFAULT_BUCKET_ELEMS
 
 ROOT = Path(__file__).resolve().parent.parent
-CAPPED = ROOT / "tests" / "mpi" / "capped.py"
+CAPPED = ROOT / "tests" / "training" / "capped.py"
 STAGE = 3
 
 

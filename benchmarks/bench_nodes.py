@@ -1,7 +1,7 @@
 """Two nodes on one machine, links capped: the two-level path against the flat one, per step.
 
 Run (as root): python benchmarks/bench_nodes.py --per-node 2 --rate 1gbit --stages 2 3
-It makes two namespace nodes (``tests/cluster/nodes.py``), caps each link with a
+It makes two namespace nodes (``tests/launch/cluster/nodes.py``), caps each link with a
 token bucket, and for each stage runs the same training job once with
 ``MPIZERO_REDUCE_SCATTER=mpi`` (flat) and once with ``two-level``, MPI over TCP
 between the nodes. Per step after warm-up it reports: the median step time, the

@@ -8,7 +8,7 @@
 #   bash launch/gpu_check.sh bitwise    by 230 s: verify at -n 2 4 3 1, both models, fp32 and fp16, staged (and
 #                                       CUDA-aware where MPI is); train at five (n, stage, staging) and through a
 #                                       checkpoint resumed at another n and stage, one sha256; the rest of
-#                                       tests/test_gpu.py
+#                                       tests/device/test_gpu.py
 #   bash launch/gpu_check.sh bench      what is left: benchmarks/bench_gpu.py, a JSON row per run as it ends
 # The last part to run runs until the deadline; the others stop at their mark (110 s, 230 s). A command runs under
 # its own timeout, cut to the time left; one that would start with under 5 s left is skipped, and named so.
@@ -194,7 +194,7 @@ if wants quick; then
   train 0 2 3 pinned
   same_train_bytes train-0-1-0-pinned train-0-2-3-pinned
   step "a torch model on $torch_device at stage 3, -n 2: zero.save/zero.load and zero.load_state_dict"
-  run 90 round-trip "$MPIEXEC" -n 2 "$PYTHON" -m mpi4py tests/mpi/torch_round_trip.py "$torch_device" "$work/checkpoints"
+  run 90 round-trip "$MPIEXEC" -n 2 "$PYTHON" -m mpi4py tests/torch_bridge/torch_round_trip.py "$torch_device" "$work/checkpoints"
 fi
 
 if wants bitwise; then
@@ -222,9 +222,9 @@ if wants bitwise; then
     same_train_bytes "${names[@]}" "resumed-$aware"
     if [ "$aware" = 0 ]; then
       # test_gpu.py's verify and train tests are corners of the loops above: only the rest, for time.
-      step "tests/test_gpu.py (the rest)"
+      step "tests/device/test_gpu.py (the rest)"
       if "$PYTHON" -c "import pytest" 2> /dev/null; then
-        run 90 test_gpu "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py \
+        run 90 test_gpu "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/device/test_gpu.py \
           -k "not verify_on_the_gpu and not byte_identical"
       else
         echo "-- test_gpu skipped: $PYTHON has no pytest"; skipped+=("test_gpu (no pytest)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from mpizero.comm.job.launcher import python_under_mpiexec
@@ -23,6 +24,14 @@ def run_mpi(n: int, args: list[str], timeout: float = 120, env: dict | None = No
         out, err = proc.communicate()
         raise AssertionError(f"mpiexec -n {n} {args} timed out after {timeout}s\n{out}\n{err}") from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_python(args: list[str], timeout: float = 120, env: dict | None = None, cwd: Path = ROOT):
+    """Run ``python ARGS`` as one process, no mpiexec, in ``cwd`` with ``env`` added, under a timeout."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def run_mpi_ok(n: int, args: list[str], timeout: float = 120, env: dict | None = None) -> str:

@@ -1,6 +1,6 @@
 """What one checkpoint costs at any number of ranks, worked out by the code a save and a load run.
 
-``estimate --scale`` prints it for models too big to save here; ``tests/test_scale.py`` pins it to a real
+``estimate --scale`` prints it for models too big to save here; ``tests/comm/test_scale.py`` pins it to a real
 save and resume. The layout (``layout``), the manifest's fields (``store.layout_record``) and the reader's
 block reads (``shards.bytes_to_read``) are the ones a checkpoint uses, not a model of them.
 """

@@ -10,7 +10,7 @@ bytes are two single encodes'. It is compiled at first use
 (``MPIZERO_CACHE_DIR``), with the x86-64-v4 (AVX-512) loop picked at load time
 where the CPU has it. Where no compiler works, or ``MPIZERO_HOST_KERNELS=numpy``
 is set, NumPy evaluates the same formula chunk by chunk: the same bits
-(``tests/test_kernels.py``), slower. Scales outside float32's exponent range,
+(``tests/core/test_kernels.py``), slower. Scales outside float32's exponent range,
 which need ``ldexp``, always take the NumPy path.
 """
 

@@ -1,0 +1,100 @@
+"""The GPU path: CuPy arrays through every stage, staged or CUDA-aware, bitwise against a GPU reference.
+
+Skips cleanly without CuPy or a CUDA device (CI has neither). What can be tested on the CPU is:
+staging and the one-rank path with a stand-in device array (tests/comm/test_staging.py,
+tests/comm/check_transport.py), the order-free embedding backward (tests/training/test_scatter.py), the
+fused kernels' formulas (tests/core/test_arithmetic.py). launch/gpu_check.sh runs this file and more on a GPU.
+"""
+
+import os
+
+import numpy as np
+import pytest
+from mpirun import run_mpi, run_mpi_ok
+
+
+def gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")
+
+
+def cuda_aware_settings() -> list[str]:
+    """Host staging always; straight device buffers too when the loaded MPI says it is CUDA-aware."""
+    from mpizero.comm.cuda_aware import query_cuda_support
+
+    return ["0", "1"] if query_cuda_support() else ["0"]
+
+
+@pytest.mark.parametrize("model", ["mlp", "transformer"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_verify_on_the_gpu_is_bitwise_at_every_stage(model, precision):
+    for aware in cuda_aware_settings():
+        out = run_mpi_ok(
+            2,
+            [
+                "-m",
+                "mpizero",
+                "verify",
+                "--device",
+                "gpu",
+                "--model",
+                model,
+                "--precision",
+                precision,
+                "--micro-batches",
+                "3",
+                "--steps",
+                "4",
+            ],
+            env={"MPIZERO_CUDA_AWARE": aware},
+            timeout=300,
+        )
+        assert out.count(": bitwise") == 4, out
+
+
+def test_train_on_the_gpu_is_byte_identical_across_ranks_and_stages(tmp_path):
+    files = []
+    for n, stage in [(1, 0), (2, 3), (2, 1)]:
+        path = tmp_path / f"{n}-{stage}.npy"
+        run_mpi_ok(
+            n,
+            [
+                "-m",
+                "mpizero",
+                "train",
+                "--device",
+                "gpu",
+                "--model",
+                "transformer",
+                "--stage",
+                str(stage),
+                "--steps",
+                "4",
+                "--global-batch",
+                "8",
+                "--micro-batches",
+                "2",
+                "--save-params",
+                str(path),
+            ],
+            env={"MPIZERO_CUDA_AWARE": "0"},
+            timeout=300,
+        )
+        files.append(path.read_bytes())
+    assert all(f == files[0] for f in files)
+    assert np.load(tmp_path / "1-0.npy").dtype == np.float32
+
+
+def test_unset_switch_warns_once_when_staging():
+    if "1" in cuda_aware_settings():
+        pytest.skip("this MPI is CUDA-aware: nothing to warn about")
+    env = {k: v for k, v in os.environ.items() if k != "MPIZERO_CUDA_AWARE"}
+    done = run_mpi(1, ["-m", "mpizero", "verify", "--device", "gpu", "--stage", "3", "--steps", "1"], env=env)
+    assert done.returncode == 0 and done.stderr.count("MPI is not CUDA-aware: staging GPU buffers") == 1

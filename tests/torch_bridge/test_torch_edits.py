@@ -1,0 +1,93 @@
+"""mpizero.torch treats parameter edits made outside the documented ways the same at every stage and on every rank:
+refused at the next step, or, inside ``gathered()`` without a writeback, dropped (issue 31, point 5)."""
+
+import re
+import time
+from collections import Counter
+
+import pytest
+from mpirun import run_mpi, run_mpi_ok
+
+torch = pytest.importorskip("torch", reason="mpizero.torch needs torch: add its CPU build (docs/getting-started.md)")
+
+import mpizero  # noqa: E402
+from mpizero.torch import shard  # noqa: E402
+
+EDITED = "changed in place since the last step"
+FLIPPED = "changed after shard(): set requires_grad before shard()"
+REFUSED = {  # case: what the refusal says, at every stage
+    "no_grad edit": f"parameters '0.weight' {EDITED}",
+    "nn.init": f"parameters '4.weight' {EDITED}",
+    "freeze": f"requires_grad of '0.bias' {FLIPPED}",
+    "unfreeze": f"requires_grad of '4.bias' {FLIPPED}",
+}
+
+
+@pytest.mark.parametrize("n", [1, 3])  # 2 ranks: the exception-inside-gathered test below
+def test_edits_are_refused_or_dropped_alike_at_every_stage_and_rank(n):
+    out = run_mpi_ok(n, ["-m", "mpi4py", "tests/torch_bridge/torch_edits.py"], timeout=300)
+    lines = re.findall(r"^stage (\d) ([^:]+): (.*)$", out, re.M)
+    counts = Counter(lines)
+    assert set(counts.values()) == {n}, "ranks differ: " + str([k for k, c in counts.items() if c != n])
+    outcome = {(int(stage), case): said for stage, case, said in counts}
+    every = "rank 0: " if n == 1 else f"ranks {list(range(n))}: "
+    for stage in range(4):
+        for case, fragment in REFUSED.items():
+            assert outcome[stage, case].startswith(f"refused: step 2: {every}"), (stage, case, outcome[stage, case])
+            assert fragment in outcome[stage, case], (stage, case, outcome[stage, case])
+        for case in ("no_grad edit", "nn.init", ".data edit"):  # a refused step took nothing
+            assert outcome[stage, case].endswith("; then as without the edit: True"), (stage, case)
+        for case in ("no_grad edit", "nn.init"):  # the edit is still shown: the next step is refused too
+            assert "; again: refused; then" in outcome[stage, case], (stage, case)
+        assert outcome[stage, "no writeback"] == "done; then as without the edit: True"
+        said = outcome[stage, "exception inside"]
+        assert said == "KeyError; next step refused: True; then as without the edit: True", said
+        if n > 1:  # each rank's edit differs: the writeback is refused, and every edit dropped
+            said = outcome[stage, "refused writeback"]
+            assert said.startswith("refused: ") and said.endswith("then as without the edit: True"), said
+            assert "the parameters after gathered(writeback=True)" in said, said
+    for stage in range(3):  # the module shows full parameters between steps: a write through .data is seen
+        assert f"one or more of the parameters '2.weight', '2.bias' {EDITED}" in outcome[stage, ".data edit"]
+    # at stage 3 the placeholder's .data shares the parameter's version counter: the write is counted
+    assert f"parameters '2.bias' {EDITED}" in outcome[3, ".data edit"]
+    for stage in range(4):
+        assert "; again: refused; then" in outcome[stage, ".data edit"]
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_a_write_through_data_that_only_moves_values_is_refused(stage):
+    """The fingerprint weighs each word by its place: rows permuted in place change it, though not the sum."""
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.GELU(), torch.nn.Linear(4, 3))  # rows: 2 words
+    zero = shard(model, mpizero.SGD(lr=0.1), stage=stage)
+    model[2].weight.data.copy_(model[2].weight.data.flip(0))
+    with pytest.raises(mpizero.ZeroError, match=f"one or more of the parameters '2.weight', '2.bias' {EDITED}"):
+        model(torch.ones(2, 6)).sum().backward()
+        zero.step()
+
+
+def test_a_write_through_data_between_steps_at_stage_3_is_counted_and_refused():
+    """A stage-3 parameter shows an empty placeholder between steps: ``p.data.mul_()`` acts on no element, and
+    is refused at the next step rather than doing nothing unseen; the parameter stays an ``nn.Parameter``."""
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.GELU(), torch.nn.Linear(4, 3))
+    zero = shard(model, mpizero.SGD(lr=0.1), stage=3)
+    weight = model[2].weight
+    assert isinstance(weight, torch.nn.Parameter) and weight.data.shape == (0,)
+    model(torch.ones(2, 6)).sum().backward()
+    zero.step()
+    weight.data.mul_(0.9)
+    with pytest.raises(mpizero.ZeroError, match=f"parameters '2.weight' {EDITED}"):
+        model(torch.ones(2, 6)).sum().backward()
+        zero.step()
+    with zero.gathered():
+        assert weight.data.shape == (3, 4)  # gathered: .data is the full view again
+    model(torch.ones(2, 6)).sum().backward()
+    zero.step()
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_an_exception_inside_gathered_on_one_rank_ends_the_job_at_once(stage):
+    start = time.monotonic()
+    done = run_mpi(2, ["-m", "mpi4py", "tests/torch_bridge/torch_gathered_raise.py", str(stage)], timeout=120)
+    assert done.returncode != 0 and time.monotonic() - start < 60, done.stderr[-2000:]
+    assert "KeyError: 'only the last rank raises inside gathered()'" in done.stderr, done.stderr[-2000:]
+    assert "waited" not in done.stderr  # no rank was left in a collective until the watchdog
