@@ -103,14 +103,15 @@ def run_config(cluster, args, stage: int, path: str) -> dict:
     done = cluster.mpiexec([args.per_node, args.per_node], command, timeout=900, env=env, cwd=ROOT)
     if done.returncode != 0:
         raise SystemExit(f"stage {stage}, {path}: exit {done.returncode}\n{done.stdout}\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    rows = [line for line in done.stdout.splitlines() if line.startswith("{")]  # UCX may warn on stdout after it
+    return json.loads(rows[-1])
 
 
 def main() -> None:
     args = parse()
     if args.worker:
         return worker(args)
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "launch"))
     from cluster.nodes import nodes
 
     from mpizero.progress import progress

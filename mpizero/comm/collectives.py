@@ -274,6 +274,12 @@ class Collectives:
         straight from shared memory (blocking), each rank adding every segment."""
         return self._run("allreduce", send.nbytes, send, recv, blocking)
 
+    def alltoall(self, send, recv, counted_as: str = "alltoall") -> None:
+        """Send block r of ``send`` (world_size equal blocks) to rank r, whose ``recv`` holds every rank's block
+        for it in rank order (blocking): a reduce-scatter whose sum the receiver makes itself is counted as one
+        (``counted_as``), with the bytes that travel."""
+        self._run("alltoall", send.nbytes, send, recv, True, counted_as)
+
     def allgather(self, send, recv, blocking: bool = True, counted_as: str = "allgather") -> Pending:
         """Concatenate every rank's ``send`` into ``recv`` in rank order; counted under ``counted_as``."""
         return self._run("allgather", recv.nbytes, send, recv, blocking, counted_as)

@@ -3,7 +3,7 @@
 Glossary:
 - block: what one rank owns of a buffer; a reduce-scatter's send and an
   all-gather's recv are ``world_size`` blocks, the other side one block; an
-  all-reduce has one block each side.
+  all-reduce has one block each side, an all-to-all ``world_size`` each side.
 - chunk: columns ``[lo, hi)`` of every block, at most ``CHUNK_BYTES`` in all;
   the collective runs once per chunk on host buffers of ``(blocks, hi - lo)``,
   which is the same collective on fewer columns, so every element is still
@@ -103,14 +103,17 @@ def chunk_columns(block: int, blocks: int, itemsize: int, chunk_bytes: int = CHU
     return [(lo, min(lo + width, block)) for lo in range(0, block, width)]
 
 
-def staged_in_chunks(collective, send, recv, rank: int, world_size: int, copies, chunk_bytes=CHUNK_BYTES) -> int:
-    """Run ``collective(host_send, host_recv)`` chunk by chunk on host copies of device ``send`` and ``recv``.
+def staged_in_chunks(
+    collective, send, recv, rank: int, world_size: int, copies, chunk_bytes=CHUNK_BYTES, blocks=None
+) -> int:
+    """Run ``collective(host_send, host_recv)`` chunk by chunk on host copies of device ``send`` and ``recv``;
+    ``blocks``: (send blocks, recv blocks) where the sizes do not tell them (an all-to-all).
 
     ``collective`` returns None or a request to ``Wait`` for. Returns the bytes copied, both ways, in all.
     Every copy goes on the one side stream, so a copy never overtakes an earlier one on the same slot; the
     host waits only for a chunk to have arrived before MPI reads or writes its slot.
     """
-    ins, outs, block = blocks_of(send, recv, world_size)
+    ins, outs, block = blocks_of(send, recv, world_size) if blocks is None else (*blocks, recv.size // blocks[1])
     chunks = chunk_columns(block, max(ins, outs), recv.itemsize, chunk_bytes)
     width = chunks[0][1] - chunks[0][0] if chunks else 0
     host_in = [copies.host(("send", s), ins * width, recv.dtype) for s in (0, 1)]

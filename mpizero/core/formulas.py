@@ -48,6 +48,7 @@ class Setup:
     stage: int
     param_bytes: int = 4
     wire_bytes: int = 8
+    round_bytes: int = 4  # a reduce-scatter of one round travels in this type, off shared memory (exact: float32)
     optimizer_states: int = 2
     align: int = 1
     shared_memory: bool = False  # ranks share one host's memory: gradients are summed out of shared windows
@@ -131,15 +132,23 @@ def traffic_per_step(setup: Setup, rounds: int = 1, reduce_each_round: bool | No
         if plan.gradient_collective is GradientCollective.ALLREDUCE:
             sent["allreduce"] += count * (2 * wire * (n - 1) // n)
         else:
-            sent["reduce_scatter"] += count * _reduce_scatters(plan, rounds, reduce_each_round) * (wire * (n - 1) // n)
+            scatters, full = reduce_scatters(setup, plan, rounds, reduce_each_round)
+            sent["reduce_scatter"] += count * scatters * (full * (n - 1) // n)
         sent["allgather"] += count * plan.allgathers_per_step(rounds) * (params * (n - 1) // n)
     return sent
 
 
-def _reduce_scatters(plan: ShardPlan, rounds: int, reduce_each_round: bool | None) -> int:
-    """Gradient collectives of one group per step: one per round where the trainer reduces each round, else one."""
+def reduce_scatters(
+    setup: Setup, plan: ShardPlan, rounds: int, reduce_each_round: bool | None = None
+) -> tuple[int, int]:
+    """One group's gradient collectives per step and the full buffer's bytes of each: one per round where the
+    trainer reduces each round, narrow unless summed in shared memory (``GroupGradients._scatter_round``), else
+    one of the kept local gradients."""
     each_round = plan.reduces_each_round if reduce_each_round is None else reduce_each_round
-    return rounds if each_round else 1
+    if not each_round:
+        return 1, plan.partition.padded_numel * setup.wire_bytes
+    round_bytes = setup.wire_bytes if setup.shared_memory or setup.two_level else setup.round_bytes
+    return rounds, plan.partition.padded_numel * round_bytes
 
 
 def inter_node_per_step(setup: Setup, rounds: int = 1, reduce_each_round: bool | None = None) -> dict[str, int]:
@@ -151,8 +160,8 @@ def inter_node_per_step(setup: Setup, rounds: int = 1, reduce_each_round: bool |
         if plan.gradient_collective is GradientCollective.ALLREDUCE:
             sent["allreduce"] += count * inter_node_bytes(wire, n, nodes, False, factor=2)
         else:
-            scatters = _reduce_scatters(plan, rounds, reduce_each_round)
-            sent["reduce_scatter"] += count * scatters * inter_node_bytes(wire, n, nodes, setup.two_level)
+            scatters, full = reduce_scatters(setup, plan, rounds, reduce_each_round)
+            sent["reduce_scatter"] += count * scatters * inter_node_bytes(full, n, nodes, setup.two_level)
         gathered = inter_node_bytes(params, n, nodes, setup.two_level)
         sent["allgather"] += count * plan.allgathers_per_step(rounds) * gathered
     return sent
@@ -174,6 +183,7 @@ def formula_setup(engine) -> Setup:
         engine.config.stage,
         engine.groups[0].param_dtype.itemsize,
         engine.reduction.wire_dtype.itemsize,
+        engine.reduction.round_dtype.itemsize,
         len(engine.bound.state_names),
         engine.config.align,
         engine.collectives.shared and engine.groups[0].xp is np,
@@ -199,7 +209,7 @@ def calls_per_step(setup: Setup, rounds: int = 1, clip: bool = True, reduction: 
     plans = setup.counted_plans()
     calls = {"reduce_scatter": 0, "allreduce": 0, "allgather": 0}
     for plan, count in plans:
-        calls[plan.gradient_collective.value] += count * _reduce_scatters(plan, rounds, None)  # stages 0-1: one
+        calls[plan.gradient_collective.value] += count * reduce_scatters(setup, plan, rounds, None)[0]
         calls["allgather"] += count * plan.allgathers_per_step(rounds)
     norm = 2 if clip and plans[0][0].norm_needs_all_ranks else 0
     calls["agreement"] = 1 + sum(setup.counts()) + norm + int(REDUCTIONS[reduction].result_can_overflow) + 1

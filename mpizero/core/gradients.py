@@ -166,19 +166,30 @@ class GroupGradients:
             self.reduced = parked
 
     def _scatter_round(self, collectives, reduction, grads, predictions, _):
-        """Encode this rank's contribution into a round buffer and reduce-scatter it (several hosts: out of each
-        node's shared arena in two levels where the paths say so, else by MPI)."""
+        """Encode this rank's contribution into a round buffer and reduce-scatter it: out of each node's shared
+        arena in two levels where the paths say so, else by MPI, narrow where the reduction's rounds are
+        (``reduction.round_dtype``: every block goes whole to its owner, which widens the blocks into its sum)."""
         self._bring_sums_back()
         padded, wire = self.partition.padded_numel, reduction.wire_dtype
         on_arena = self._on_arena(collectives)
-        buffer = collectives.shared_buffer(padded, wire) if on_arena else self.xp.empty(padded, dtype=wire)
+        narrow = reduction.round_dtype if not on_arena and reduction.round_dtype != wire else None
+        if on_arena:
+            buffer = collectives.shared_buffer(padded, wire)
+        else:
+            buffer = self.xp.empty(padded, dtype=narrow or wire)
         found = None
         if grads is None:
             buffer[...] = 0
         else:
             found = reduction.encode(buffer, grads, self.layout, predictions, True)
-        if self.reduced is None:
+        first = self.reduced is None
+        if first:
             self.reduced = self.xp.empty(self.owned_numel, dtype=wire)
+        if narrow is not None:
+            blocks = self.xp.empty_like(buffer)
+            collectives.alltoall(buffer, blocks, counted_as="reduce_scatter")
+            reduction.widen(blocks.reshape(-1, self.owned_numel), self.reduced, first)
+        elif first:
             collectives.reduce_scatter(buffer, self.reduced)
         else:
             collectives.reduce_scatter_add(buffer, self.reduced)

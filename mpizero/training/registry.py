@@ -172,8 +172,9 @@ def formula_setups(units: list[Run], ranks: int, precision: str, reduction: str,
     """
     states = len(OPTIMIZERS[optimizer]().state_names)
     param_bytes = PRECISIONS[precision].param_dtype.itemsize
-    wire_bytes = REDUCTIONS[reduction].wire_dtype.itemsize
+    wire_bytes, round_bytes = REDUCTIONS[reduction].wire_dtype.itemsize, REDUCTIONS[reduction].round_dtype.itemsize
     for stage in STAGES:
         groups = group_runs(units, stage, bucket_elems)
         numels, counts = tuple(sum(g.tensors) for g in groups), tuple(g.count for g in groups)
-        yield stage, formulas.Setup(numels, ranks, stage, param_bytes, wire_bytes, states, group_counts=counts)
+        setup = formulas.Setup(numels, ranks, stage, param_bytes, wire_bytes, round_bytes, states, group_counts=counts)
+        yield stage, setup

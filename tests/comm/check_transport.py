@@ -45,6 +45,13 @@ def check_same_bytes_as_host_mpi(coll: Collectives, block: int) -> None:
     coll.reduce_scatter(standin.ndarray(send.copy()), got)
     assert got.underneath.tobytes() == want.tobytes(), ("reduce_scatter", block)
 
+    send = random(size * block, np.float32)
+    want = np.empty(size * block, np.float32)
+    comm.Alltoall(send, want)
+    got = standin.ndarray(np.zeros(size * block, np.float32))
+    coll.alltoall(standin.ndarray(send.copy()), got)
+    assert got.underneath.tobytes() == want.tobytes(), ("alltoall", block)
+
     send = random(block, np.int64)
     want = np.empty(block, np.int64)
     comm.Allreduce(send, want, op=MPI.SUM)
@@ -73,7 +80,7 @@ def check_staging(staging: str) -> None:
     for block in (1, 17, 257):
         check_same_bytes_as_host_mpi(coll, block)
     calls = Counter(coll.traffic.calls) - Counter(before)
-    assert calls == {"reduce_scatter": 3, "allreduce": 3, "allgather": 12}, calls
+    assert calls == {"reduce_scatter": 3, "alltoall": 3, "allreduce": 3, "allgather": 12}, calls
     staged = sum(coll.traffic.staged.values())
     if size == 1:  # one rank moves nothing: no copy to or from the "device", nothing staged
         assert bus.COUNTS["d2h"] == bus.COUNTS["h2d"] == staged == 0, bus.COUNTS

@@ -58,6 +58,9 @@ def test_the_kernels_c_expressions():
     )
     paired = f"{host} + (int64_t)(inside_y ? nearbyintf(w * f) : 0.0f)"
     assert f"total[i] = {paired};" in kernels.SOURCE
+    assert arithmetic.masked_wire("out", arithmetic.C_OPS) == "out = rintf(ldexpf(inside ? x : 0.0f, k))"
+    assert "out[i] = (inside ? nearbyintf(v * f) : 0.0f);" in kernels.SOURCE
+    assert arithmetic.widen(arithmetic.C_OPS, "total", "wire") == "total + (long long)wire"
 
 
 @settings(max_examples=40, deadline=None)
@@ -83,3 +86,23 @@ def test_the_device_paired_encode_gives_the_hosts_bytes(seed, k, cap, assign):
 def test_top_bits_is_the_largest_magnitude(arrays):
     for a in arrays:
         assert exact.magnitude_of_bits(kernels.top_bits(a)) == exact.largest_magnitude([a])
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(-140, 140), cap=st.integers(0, exact.INF_BITS))
+def test_the_device_wire_encode_and_widen_give_the_hosts_bytes(seed, k, cap):
+    """The stand-in evaluates the device's wire kernel and its widening (``arithmetic.numpy_kernels``): the host's
+    float32 values, counts and maxima, and the host's widened int64 sum."""
+    x = gradients(seed)
+    host, device = np.empty(x.size, np.float32), standin.asarray(np.empty(x.size, np.float32))
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = kernels.encode(host, x, k, 0, cap, True)
+        found = arithmetic.device_encode(standin, device, standin.asarray(x), k, 0, cap, True)
+        assert tuple(int(v) for v in standin.asnumpy(standin.stack(list(found)))) == expected
+        assert standin.asnumpy(device).tobytes() == host.tobytes()
+        start = np.random.default_rng(seed).integers(-(2**40), 2**40, x.size)
+        widened, on_device = start.copy(), standin.asarray(start)
+        kernels.widen(host, widened)
+        arithmetic.device_widen(standin, device, on_device)
+    reach = np.abs(np.ldexp(x.astype(np.float64), k)) < 2.0**61
+    assert standin.asnumpy(on_device)[reach].tobytes() == widened[reach].tobytes()

@@ -111,3 +111,33 @@ def test_the_maximum_comes_back_as_a_magnitude():
     x = np.array([1.0, -7.5, 2.0], dtype=np.float32)
     top, _ = kernels.encode(np.zeros(3, np.int64), x, 0, 0, exact.INF_BITS, True)
     assert exact.magnitude_of_bits(top) == 7.5 and exact.magnitude_of_bits(exact.INF_BITS) == math.inf
+
+
+def at_the_wires_edges(k: int) -> np.ndarray:
+    """Float32 values whose scaled magnitudes ``|x * 2**k|`` lie at the float32 wire's edges: around 2**23 (from
+    there a float32 is an integer) and 2**24 (from there only even integers are), at halves (ties to even), far
+    beyond, and subnormals and zeros of both signs; each with both signs."""
+    scaled = [2.0**23 + d for d in (-1.5, -1, -0.5, -0.25, 0, 0.5, 1, 1.5, 2)]
+    scaled += [2.0**24 + d for d in (-2, -1, -0.5, 0, 2, 4, 6)] + [0.5, 1.5, 2.5, 0.49999997, 2.0**40 + 2**17]
+    x = np.array([math.ldexp(v, -k) for v in scaled], np.float32)
+    return np.concatenate([x, -x, np.array([0.0, -0.0, 1e-45, -1e-45, 1e-40, -3e-39], np.float32)])
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(-140, 140), cap=st.integers(0, exact.INF_BITS))
+def test_the_float32_wire_widened_gives_the_int64_encodes_bytes(seed, k, cap):
+    """A round's contribution travels as float32 (``rint(x * 2**k)`` is one) and is widened at its owner: the
+    same int64 bytes as encoding it into int64, and the same maxima and counts, compiled or by NumPy."""
+    x = np.concatenate([at_the_wires_edges(k), gradients(seed, 500)])
+    total, wire, by_numpy = np.empty(x.size, np.int64), np.empty(x.size, np.float32), np.empty(x.size, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = kernels.encode(total, x, k, 0, cap, True)
+        assert kernels.encode(wire, x, k, 0, cap, True) == expected
+        assert kernels.numpy_encode(by_numpy, x, k, 0, cap, True) == expected
+        reach = np.abs(np.ldexp(x.astype(np.float64), k)) < 2.0**62  # beyond it: a pass to be redone
+    assert wire.tobytes() == by_numpy.tobytes()
+    widened = np.zeros(x.size, np.int64)
+    kernels.widen(wire, widened)
+    assert widened[reach].tobytes() == total[reach].tobytes()
+    with pytest.raises(ValueError, match="a float32 wire buffer holds one contribution"):
+        kernels.encode(wire, x, k, 0, cap, False)

@@ -52,9 +52,10 @@ def link_sent(cluster, node: int = 1) -> int:
 
 
 def gradient_bytes_per_step(parameters: int, ranks: int = 4, nodes: int = 2, two_level: bool = True) -> int:
-    """Exact-reduction (int64) gradient bytes one node must send to the other per step: ranks/nodes ranks' share."""
+    """Exact-reduction gradient bytes one node must send to the other per step (one round): ranks/nodes ranks'
+    share of the node's int64 sums (two levels), or of every rank's float32 round (flat)."""
     padded = -(-parameters // ranks) * ranks
-    return paths.inter_node_bytes(padded * 8, ranks, nodes, two_level) * (ranks // nodes)
+    return paths.inter_node_bytes(padded * (8 if two_level else 4), ranks, nodes, two_level) * (ranks // nodes)
 
 
 def parameters(log: str) -> int:
@@ -94,7 +95,8 @@ def test_setup_predicts_inter_node_traffic_by_level():
     flat = formulas.Setup((1000, 24), ranks=4, stage=2, nodes=2)
     two = formulas.Setup((1000, 24), ranks=4, stage=2, nodes=2, two_level=True)
     by_flat, by_two = formulas.inter_node_per_step(flat), formulas.inter_node_per_step(two)
-    assert by_two["reduce_scatter"] * 2 == by_flat["reduce_scatter"] == 1024 * 8 // 2
+    # flat: one round's exact values cross as float32 (4 bytes); two levels: the node's int64 sums, a quarter each
+    assert by_flat["reduce_scatter"] == 1024 * 4 // 2 and by_two["reduce_scatter"] == 1024 * 8 // 4
     assert by_two["allgather"] * 2 == by_flat["allgather"] > 0
 
 
@@ -156,7 +158,7 @@ def test_train_params_are_byte_identical_at_2x2_1x4_and_1(cluster, tmp_path):
     grads = STEPS * gradient_bytes_per_step(parameters(log))
     assert crossed["2x2"] >= grads, (crossed, grads)
     assert crossed["flat"] >= STEPS * gradient_bytes_per_step(parameters(log), two_level=False), crossed
-    assert crossed["2x2"] < 0.75 * crossed["flat"], crossed
+    assert crossed["2x2"] < crossed["flat"], crossed  # the gathers cross once per node pair, not per rank
 
 
 def test_native_reduction_is_deterministic_at_2x2(cluster, tmp_path):

@@ -5,6 +5,8 @@ For both models, every stage, fp32 and bf16, exact and native: the bytes the
 engine holds after a step equal ``formulas.engine_bytes`` kind by kind
 (padding included), a step's traffic equals ``formulas.traffic_per_step``, and
 in elements it is the paper's 2 Psi (stages 0-2) or 3 Psi (stage 3) times (N-1)/N.
+Under ``MPIZERO_REDUCE_SCATTER=mpi`` the exact rounds of stages 2-3 travel as
+float32: 4 bytes an element on the wire, not 8.
 """
 
 import numpy as np
@@ -59,9 +61,13 @@ for model in (mlp, transformer):
                 assert {op: sent[op] for op in predicted} == predicted, (stage, dict(sent), predicted)
                 # the paper's claim, in elements of the padded buffers: 2 Psi, or 3 Psi at stage 3 (one round)
                 padded = sum(p.padded_numel for p in setup.partitions())
-                elements = (sent["reduce_scatter"] + sent["allreduce"]) / setup.wire_bytes + sent[
-                    "allgather"
-                ] / setup.param_bytes
+                plan = setup.plans()[0]
+                scatter_bytes = formulas.reduce_scatters(setup, plan, rounds)[1] / plan.partition.padded_numel
+                if sent["reduce_scatter"]:  # the exact rounds off shared memory (stages 2-3): float32 on the wire
+                    off_shared = reduction == "exact" and stage >= 2 and not setup.shared_memory
+                    assert scatter_bytes == (4 if off_shared else setup.wire_bytes), (stage, reduction, scatter_bytes)
+                elements = sent["reduce_scatter"] / scatter_bytes + sent["allreduce"] / setup.wire_bytes
+                elements += sent["allgather"] / setup.param_bytes
                 if size > 1:
                     expected = formulas.paper_traffic_elements(padded, size, stage)
                     assert abs(elements - expected) <= len(setup.group_numels) * 2, (stage, elements, expected)

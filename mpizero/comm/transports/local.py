@@ -7,10 +7,10 @@ from mpizero.comm.transports.base import Transport
 
 
 class Local(Transport):
-    """Every collective over one rank is a copy from ``send`` to ``recv`` on the buffer's own device; in place, it
-    is nothing."""
+    """Every collective over one rank is a copy from ``send`` to ``recv`` on the buffer's own device (a sum, a
+    gathering or an exchange of one rank's buffer); in place, it is nothing."""
 
     def run(self, op: str, send, recv, blocking: bool) -> Pending:
         if send is not None:
-            recv[...] = send  # the sum, or the gathering, of one rank's buffer
+            recv[...] = send
         return Pending()

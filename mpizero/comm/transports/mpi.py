@@ -24,6 +24,8 @@ class HostMPI(Transport):
             return call(send, recv, op=MPI.SUM)
         if op == "allreduce":
             return (self.comm.Allreduce if blocking else self.comm.Iallreduce)(send, recv, op=MPI.SUM)
+        if op == "alltoall":
+            return (self.comm.Alltoall if blocking else self.comm.Ialltoall)(send, recv)
         if send is None:
             return self.comm.Allgather(MPI.IN_PLACE, recv)
         return (self.comm.Allgather if blocking else self.comm.Iallgather)(send, recv)

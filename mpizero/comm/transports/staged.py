@@ -36,7 +36,10 @@ class PinnedStaging(Transport):
             return self.mpi.call(op, host_send, host_recv, True)
 
         copies = self._copies_for(recv)
-        moved = staged_in_chunks(collective, send, recv, self.rank, self.world_size, copies, self.chunk_bytes)
+        blocks = (self.world_size, self.world_size) if op == "alltoall" else None
+        moved = staged_in_chunks(
+            collective, send, recv, self.rank, self.world_size, copies, self.chunk_bytes, blocks=blocks
+        )
         return Pending(staged=moved)
 
     def _copies_for(self, recv):

@@ -5,7 +5,10 @@ total once; elements whose magnitude lies outside a range of float32 bit
 patterns ``[lo, hi)`` are left out (``scales``: kept, or beyond the cap), and
 each call also returns the largest magnitude's bit pattern and how many were
 left out. The decode reads the total and writes float32 once. One call per
-tensor (or owned piece of one), since each has its own scale.
+tensor (or owned piece of one), since each has its own scale. One
+contribution's rounded values alone (``rounded``) are float32 integers: the
+wire encode writes them as float32, for a reduce-scatter of 4 bytes an element
+that the owner widens into its int64 sum (``widen``).
 
 The arithmetic is written once, as a function of an ``ops`` namespace:
 ``NUMPY_OPS`` evaluates it on host arrays, ``C_OPS`` spells it for CUDA and
@@ -26,9 +29,20 @@ import numpy as np
 from mpizero.arrays import is_standin
 
 
+def rounded(ops, x, k):
+    """``rint(x * 2**k)`` in float32, ``x`` float32: exact, as ``x * 2**k`` is (a power of two) and so is its
+    rounding (from 2**23 on a float32 is an integer already, and every smaller integer is a float32)."""
+    return ops.rint(ops.ldexp(x, k))
+
+
+def widen(ops, total, wire):
+    """``total + wire`` in int64, ``wire`` a float32 integer from ``rounded``."""
+    return ops.add(total, ops.to_int64(wire))
+
+
 def encode(ops, total, x, k):
     """``total + rint(x * 2**k)`` in int64, ``x`` float32."""
-    return ops.add(total, ops.to_int64(ops.rint(ops.ldexp(x, k))))
+    return widen(ops, total, rounded(ops, x, k))
 
 
 def decode(ops, total, divisor):
@@ -87,6 +101,11 @@ def masked(total: str, ops, assign: bool) -> str:
     return f"{total} = {encode(ops, '0' if assign else total, 'inside ? x : 0.0f', 'k')}"
 
 
+def masked_wire(out: str, ops) -> str:
+    """The wire kernel's statement: ``rounded`` of ``x`` where ``inside``, 0 elsewhere, as float32."""
+    return f"{out} = {rounded(ops, 'inside ? x : 0.0f', 'k')}"
+
+
 def masked_pair(total: str, ops, assign: bool) -> str:
     """The paired kernel's statement: ``masked`` of ``x`` (where ``inside``), then of ``y`` (where ``inside_y``)."""
     first = encode(ops, "0" if assign else total, "inside ? x : 0.0f", "k")
@@ -105,6 +124,13 @@ def numpy_kernels(kernel) -> SimpleNamespace:
 
         return kernel(body)
 
+    def masked_rounded(x, k, lo, hi, out):
+        bits = x.view(np.uint32) & np.uint32(0x7FFFFFFF)
+        out[...] = rounded(numpy_ops(int(k)), np.where((bits >= lo) & (bits < hi), x, np.float32(0)), int(k))
+
+    def widen_into(wire, total):
+        total[...] = widen(NUMPY_OPS, total, wire)
+
     def masked_encode_pair(assign: bool):
         def body(x, y, k, lo, hi, total):
             for operand, first in ((x, assign), (y, False)):
@@ -122,6 +148,8 @@ def numpy_kernels(kernel) -> SimpleNamespace:
         assign=masked_encode(True),
         add_pair=masked_encode_pair(False),
         assign_pair=masked_encode_pair(True),
+        wire=kernel(masked_rounded),
+        widen=kernel(widen_into),
         decode=kernel(decode_into),
     )
 
@@ -129,7 +157,8 @@ def numpy_kernels(kernel) -> SimpleNamespace:
 @functools.cache
 def kernels(cupy) -> SimpleNamespace:
     """The device kernels (built on first use): ``add``, ``assign`` (masked encodes), their ``_pair`` forms (two
-    contributions in one pass), ``decode``; compiled by CuPy, or evaluated by NumPy on the stand-in."""
+    contributions in one pass), ``wire`` (the masked encode's float32 values) and ``widen`` (their int64 sum),
+    ``decode``; compiled by CuPy, or evaluated by NumPy on the stand-in."""
     if is_standin(cupy):
         return numpy_kernels(cupy.kernel)
     make = cupy.ElementwiseKernel
@@ -143,6 +172,8 @@ def kernels(cupy) -> SimpleNamespace:
         assign=make(inputs, "int64 total", f"{bits} {masked('total', C_OPS, True)};", "mz_assign"),
         add_pair=make(pair_inputs, "int64 total", f"{pair} {masked_pair('total', C_OPS, False)};", "mz_add_pair"),
         assign_pair=make(pair_inputs, "int64 total", f"{pair} {masked_pair('total', C_OPS, True)};", "mz_assign_pair"),
+        wire=make(inputs, "float32 out", f"{bits} {masked_wire('out', C_OPS)};", "mz_wire"),
+        widen=make("float32 wire", "int64 total", f"total = {widen(C_OPS, 'total', 'wire')}", "mz_widen"),
         decode=make(
             "int64 total, float64 divisor", "float32 out", f"out = {decode(C_OPS, 'total', 'divisor')}", "mz_decode"
         ),
@@ -151,9 +182,18 @@ def kernels(cupy) -> SimpleNamespace:
 
 def device_encode(cupy, total, x, k: int, lo: int, hi: int, assign: bool):
     """The masked encode on the GPU in one pass; return (the largest bit pattern, the count outside) as device
-    scalars, so no host synchronisation happens here."""
-    (kernels(cupy).assign if assign else kernels(cupy).add)(x, k, lo, hi, total)
+    scalars, so no host synchronisation happens here. A float32 ``total`` is a wire buffer: written (``assign``)
+    with the rounded values, to be widened at the owner (``device_widen``)."""
+    if total.dtype == np.float32:
+        kernels(cupy).wire(x, k, lo, hi, total)
+    else:
+        (kernels(cupy).assign if assign else kernels(cupy).add)(x, k, lo, hi, total)
     return device_top_and_outside(cupy, x, lo, hi)
+
+
+def device_widen(cupy, wire, total) -> None:
+    """``total += wire`` in int64 on the GPU, ``wire`` float32 integers (``rounded``), in one pass."""
+    kernels(cupy).widen(wire, total)
 
 
 def device_encode_pair(cupy, total, x, y, k: int, lo: int, hi: int, assign: bool):

@@ -5,7 +5,9 @@ pass, and returns the largest magnitude and how many elements it left out, so
 no second pass over the gradient finds its maximum. The paired encode adds two
 contributions in one pass over the total (12 bytes an element and contribution,
 not 20): each is rounded on its own and int64 addition is associative, so its
-bytes are two single encodes'. It is compiled at first use
+bytes are two single encodes'. The wire encode writes one contribution's
+rounded values as float32 (``arithmetic.rounded``), which the owner widens into
+its int64 sum (``widen``). It is compiled at first use
 (``cc``, or ``$CC``) into a shared library cached under ``~/.cache/mpizero``
 (``MPIZERO_CACHE_DIR``), with the x86-64-v4 (AVX-512) loop picked at load time
 where the CPU has it. Where no compiler works, or ``MPIZERO_HOST_KERNELS=numpy``
@@ -44,7 +46,7 @@ LOOP = """    for (size_t i = 0; i < n; i++) {{
         top = b > top ? b : top;
         int inside = (b >= lo) & (b < hi);
         outside += !inside;
-        total[i] = {statement};
+        {target}[i] = {statement};
     }}
 """
 PAIR_LOOP = """    for (size_t i = 0; i < n; i++) {{
@@ -89,11 +91,22 @@ int64_t mz_encode(int64_t *restrict total, const float *restrict x, size_t n, fl
     int64_t outside = 0;
     if (assign) {
 """
-    + LOOP.format(statement=arithmetic.encode(arithmetic.HOST_C_OPS, "0", "v", "f"))
+    + LOOP.format(target="total", statement=arithmetic.encode(arithmetic.HOST_C_OPS, "0", "v", "f"))
     + "    } else {\n"
-    + LOOP.format(statement=arithmetic.encode(arithmetic.HOST_C_OPS, "total[i]", "v", "f"))
+    + LOOP.format(target="total", statement=arithmetic.encode(arithmetic.HOST_C_OPS, "total[i]", "v", "f"))
     + """    }
     *top_out = top;
+    return outside;
+}
+
+MZ_CLONES
+int64_t mz_encode_wire(float *restrict out, const float *restrict x, size_t n, float f, uint32_t lo, uint32_t hi,
+                       uint32_t *top_out) {
+    uint32_t top = 0;
+    int64_t outside = 0;
+"""
+    + LOOP.format(target="out", statement=arithmetic.rounded(arithmetic.HOST_C_OPS, "v", "f"))
+    + """    *top_out = top;
     return outside;
 }
 
@@ -119,15 +132,34 @@ void mz_encode_pair(int64_t *restrict total, const float *restrict x, const floa
 
 def encode(total, x, k: int, lo: int, hi: int, assign: bool) -> tuple[int, int]:
     """``total (+)= rint(x * 2**k)`` where ``x``'s magnitude bits lie in ``[lo, hi)`` (flat float32 ``x``, int64
-    ``total``); return the largest magnitude's bits and how many elements lay outside."""
+    ``total``); return the largest magnitude's bits and how many elements lay outside. A float32 ``total`` is a
+    wire buffer: written (``assign`` only) with the rounded values, which ``widen`` adds at the owner."""
+    wire = total.dtype == np.float32
+    if wire and not assign:
+        raise ValueError("a float32 wire buffer holds one contribution: it is written, never added to")
     library = _library()[0]
     if library is None or not -126 <= k <= 127 or x.size == 0:
         return numpy_encode(total, x, k, lo, hi, assign)
-    top = ctypes.c_uint32()
-    outside = library.mz_encode(
-        _address(total), _address(x), x.size, np.float32(math.ldexp(1.0, k)), lo, hi, int(assign), ctypes.byref(top)
-    )
+    top, factor = ctypes.c_uint32(), np.float32(math.ldexp(1.0, k))
+    if wire:
+        outside = library.mz_encode_wire(_address(total), _address(x), x.size, factor, lo, hi, ctypes.byref(top))
+    else:
+        outside = library.mz_encode(
+            _address(total), _address(x), x.size, factor, lo, hi, int(assign), ctypes.byref(top)
+        )
     return top.value, outside
+
+
+def widen(wire, total) -> None:
+    """``total += wire`` in int64, ``wire`` float32 integers from the wire encode, chunk by chunk (exact; a value
+    beyond int64, from a pass to be redone, wraps as the encode's own add does)."""
+    whole = np.empty(min(wire.size, CHUNK), np.int64)
+    with np.errstate(invalid="ignore"):
+        for start in range(0, wire.size, CHUNK):
+            stop = min(start + CHUNK, wire.size)
+            piece = whole[: stop - start]
+            piece[...] = wire[start:stop]
+            total[start:stop] += piece
 
 
 def encode_pair(total, x, y, k: int, lo: int, hi: int, assign: bool) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -207,6 +239,11 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     library.mz_encode.argtypes = [
         *(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_float),
         *(ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_uint32)),
+    ]
+    library.mz_encode_wire.restype = ctypes.c_int64
+    library.mz_encode_wire.argtypes = [
+        *(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_float),
+        *(ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)),
     ]
     library.mz_encode_pair.restype = None
     library.mz_encode_pair.argtypes = [

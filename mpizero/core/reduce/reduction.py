@@ -14,6 +14,12 @@ bit pattern and how many elements it left out (beyond the prediction's cap, or
 every element of a tensor with no prediction): those are the caller's to keep.
 Where the reduction ``pairs``, ``encode_pair`` folds two contributions in one
 pass over ``total``, with the bytes of two ``encode`` calls.
+
+A round of one contribution per rank may travel narrower than the sum: into a
+``round_dtype`` buffer ``encode`` writes that contribution's values alone, every
+rank's block goes whole to its owner (an all-to-all), and ``widen`` sums them
+there in ``wire_dtype``. For ``exact`` that is float32 on the wire, half of
+int64's bytes, with the same sum (``arithmetic.rounded``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ class ExactReduction:
     """Fixed-point sum with one power-of-two scale per tensor and step (see ``scales`` for how it is chosen)."""
 
     wire_dtype = np.dtype(np.int64)
+    round_dtype = np.dtype(np.float32)  # one contribution's rounded values are float32 integers
     bitwise = True
     result_can_overflow = False  # the mean of values below the agreed maximum is below it
     pairs = True  # integer sums are associative: two contributions may be added in one pass
@@ -82,6 +89,15 @@ class ExactReduction:
         for index, lo, hi in segments:
             exact.rescale(reduced[lo:hi], shifts[index])
 
+    def widen(self, blocks, total, assign: bool) -> None:
+        """Sum every rank's block of one round's rounded values (float32 rows of ``blocks``) into the int64
+        ``total``, which it starts where ``assign``: exact, in any order."""
+        if assign:
+            total[...] = 0
+        xp = array_module(total)
+        for block in blocks:
+            kernels.widen(block, total) if xp is np else arithmetic.device_widen(xp, block, total)
+
     def decode(self, reduced, scale: int, count: int, out) -> None:
         exact.decode(reduced, scale, count, out)
 
@@ -129,6 +145,7 @@ class NativeReduction:
     """Float32 sum by MPI's own SUM; divided by the count afterwards. No scales, so nothing is kept or redone."""
 
     wire_dtype = np.dtype(np.float32)
+    round_dtype = wire_dtype  # rounds are summed by MPI, as every other reduction is
     bitwise = False
     result_can_overflow = True  # a float32 sum of finite values can reach inf
     pairs = False  # a float32 sum's bits depend on the order of its additions
