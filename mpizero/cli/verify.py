@@ -106,8 +106,8 @@ class Mismatch:
 
 
 def make_optimizer(name: str):
-    settings = {"sgd": dict(lr=0.05, momentum=0.9, weight_decay=1e-4), "adam": dict(lr=1e-2), "adamw": dict(lr=1e-2)}
-    return OPTIMIZERS[name](**settings[name])
+    """The registry's optimizer ``name`` with the hyper-parameters it is verified with."""
+    return OPTIMIZERS[name](**OPTIMIZERS[name].verify_settings)
 
 
 def run(args, comm) -> int:
@@ -189,7 +189,7 @@ def build_runs(stage: int, args, comm, model, precision):
     engine = ZeroEngine(source, optimizer, comm=comm, groups=groups, stage=stage, reduction=args.reduction, **numerics)
     reference = RecordingReference(params, optimizer, args.reduction, **{k: numerics[k] for k in REFERENCE_SETTINGS})
     host_params = {n: to_host(p) for n, p in params.items()}
-    documented = DocumentedOptimizer(args.optimizer, host_params, optimizer.defaults, numerics["clip_norm"])
+    documented = DocumentedOptimizer(OPTIMIZERS[args.optimizer], host_params, optimizer.defaults, numerics["clip_norm"])
     return engine, Trainer(model, engine, precision), reference, documented
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from mpizero.arrays import to_host
 from mpizero.core.gradients import GroupGradients
 from mpizero.core.layout import FlatLayout, TensorSpec
-from mpizero.core.optim import rules
+from mpizero.core.optim.update import apply_step
 from mpizero.core.stages import Publish, ShardPlan
 from mpizero.core.states import GRAD, InMemory
 
@@ -239,7 +239,7 @@ class FlatGroup:
         master, optimizer_state = self.master_shard, self.optimizer_state
         for group, lo, hi in self.optimizer_runs:
             state = {name: a[lo:hi] for name, a in optimizer_state.items()}
-            rules.update(rule, hyper[group], step, master[lo:hi], self.grad_shard[lo:hi], state)
+            apply_step(rule, hyper[group], step, master[lo:hi], self.grad_shard[lo:hi], state)
 
     def publish(self, collectives) -> None:
         """Copy the master shard into the parameters every rank will use next."""

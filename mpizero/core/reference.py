@@ -20,7 +20,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from mpizero.arrays import array_module
-from mpizero.core.optim import BoundOptimizer, rules
+from mpizero.core.optim import BoundOptimizer
+from mpizero.core.optim.update import apply_step
 from mpizero.core.reduce import exact, norm, scales
 
 
@@ -82,7 +83,7 @@ class Reference:
         hyper = self.optimizer.snapshot()
         for name, grad in grads.items():
             group = hyper[self.optimizer.group_of[name]]
-            rules.update(self.optimizer.rule, group, self.step_count, self.params[name], grad, self.state[name])
+            apply_step(self.optimizer.rule, group, self.step_count, self.params[name], grad, self.state[name])
         return True
 
     def _learn_scales(self, contributions: Sequence[Mapping]) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from mpizero.comm import agree
-from mpizero.core.optim.rules import AdamRule
 from mpizero.torch.state import digest
 
 
@@ -33,7 +32,7 @@ def full_optimizer_state(zero) -> dict:
         )
         for name in members:
             held = {state: torch.from_numpy(states[(name, state)]) for state in bound.group_states[g]}
-            if bound.rule is AdamRule:
+            if bound.optimizer.kind.torch_counts_steps:
                 held = {"step": torch.tensor(float(engine.step_count)), **held}
             if held:
                 result_state[number] = held

@@ -1,9 +1,10 @@
-"""A ``torch.optim`` optimizer trained through the engine: SGD, Adam and AdamW, their groups read at every step.
+"""A ``torch.optim`` optimizer trained through the engine: any the registry names, its groups read at every step.
 
 The optimizer the user built stays theirs. Its ``param_groups`` (learning rate,
 betas, weight decay, as a scheduler sets them) are what the engine reads at
 every step (``TorchOptimizer`` names each group's tensors by their canonical
-names); the engine applies torch's formulas (``core.optim.rules``) to its shards.
+names); the engine applies the registry's optimizer that stands for its class (``core.optim.registry``,
+``torch_classes``) to its shards.
 ``attach`` makes the object's own methods the sharded model's: ``step()``
 takes the step, ``zero_grad()`` drops gradients, ``state_dict()`` and
 ``load_state_dict()`` move the whole optimizer state in torch's format, and a
@@ -12,13 +13,28 @@ learning-rate scheduler built on it, before or after ``shard``, sees its steps.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import types
 
 import torch
 
-from mpizero.core.optim.rules import AdamRule, SGDRule
+from mpizero.core.optim import OPTIMIZERS
 
-SUPPORTED = {torch.optim.SGD: SGDRule, torch.optim.Adam: AdamRule, torch.optim.AdamW: AdamRule}
+
+@functools.cache
+def supported() -> dict:
+    """Each torch optimizer class a registry optimizer stands for (``torch_classes``), where its module imports
+    here, and that optimizer."""
+    found = {}
+    for optimizer in OPTIMIZERS.values():
+        for qualified in optimizer.torch_classes:
+            module, _, name = qualified.rpartition(".")
+            try:
+                found[getattr(importlib.import_module(module), name)] = optimizer
+            except (ImportError, AttributeError):
+                continue  # an optional package (or a torch) without it: nothing of it to train
+    return found
 
 
 def is_torch_optimizer(optimizer) -> bool:
@@ -31,7 +47,8 @@ class TorchOptimizer:
     def __init__(self, optimizer: torch.optim.Optimizer, canonical: dict[int, str]) -> None:
         self.torch, self.canonical = optimizer, canonical
         self.type_name = type(optimizer).__name__
-        self.rule = SUPPORTED.get(type(optimizer), SGDRule)
+        self.kind = supported().get(type(optimizer), OPTIMIZERS["sgd"])  # unsupported: refused at the first read
+        self.rule = self.kind.rule
         self.problem = _problem(optimizer, canonical)
 
     @property
@@ -50,10 +67,11 @@ class TorchOptimizer:
 
 def _problem(optimizer, canonical: dict[int, str]) -> str | None:
     """What keeps ``optimizer`` from training these parameters through the engine (None when nothing does)."""
-    if type(optimizer) not in SUPPORTED:
+    if type(optimizer) not in supported():
+        named = ", ".join(name for optimizer in OPTIMIZERS.values() for name in optimizer.torch_classes)
         return (
             f"{type(optimizer).__module__}.{type(optimizer).__qualname__} is not supported: the engine runs "
-            "torch.optim.SGD, Adam and AdamW (their exact classes), or mpizero.SGD, Adam and AdamW"
+            f"{named} (their exact classes, where installed), or mpizero's own {', '.join(o.__name__ for o in OPTIMIZERS.values())}"
         )
     for index, group in enumerate(optimizer.param_groups):
         for p in group["params"]:

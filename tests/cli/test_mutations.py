@@ -30,14 +30,14 @@ MUTATIONS = {
         ["--stage", "2"],
     ),
     "bias correction one step late": (
-        "core/optim/rules.py",
+        "core/optim/adam.py",
         '"step_size": hyper.lr / (1.0 - beta1**step),',
         '"step_size": hyper.lr / (1.0 - beta1 ** (step + 1)),',
         2,
         ["--stage", "1"],
     ),
     "AdamW decay coupled to the gradient": (
-        "core/optim/rules.py",
+        "core/optim/adam.py",
         "if h.weight_decay and h.decoupled_weight_decay:",
         "if False:",
         2,

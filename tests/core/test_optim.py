@@ -5,9 +5,12 @@ import numpy as np
 import pytest
 
 from mpizero import SGD, Adam, AdamW, Partition
-from mpizero.core.optim import BoundOptimizer, binding, device_update, oracle, rules
-from mpizero.core.optim.hyper import AdamHyper, SGDHyper
+from mpizero.core.optim import BoundOptimizer, binding, device_update, oracle
+from mpizero.core.optim.adam import AdamHyper, AdamRule, documented_adam, documented_adamw
 from mpizero.core.optim.oracle import DocumentedOptimizer
+from mpizero.core.optim.registry import OPTIMIZERS as REGISTRY
+from mpizero.core.optim.sgd import SGDHyper, SGDRule, documented_sgd
+from mpizero.core.optim.update import apply_step
 
 OPTIMIZERS = [
     SGD(lr=0.1),
@@ -24,7 +27,7 @@ OPTIMIZERS = [
 def one_update(optimizer, param, grad, state, step):
     """One step of ``optimizer``'s only group on a flat array."""
     hyper = optimizer.rule.hyper_type(**{k: v for k, v in optimizer.param_groups[0].items() if k != "params"})
-    rules.update(optimizer.rule, hyper, step, param, grad, state)
+    apply_step(optimizer.rule, hyper, step, param, grad, state)
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=repr)
@@ -91,7 +94,7 @@ def test_optimizers_follow_torch_documented_algorithm_over_many_steps(name, opti
     rng = np.random.default_rng(7)
     param = rng.standard_normal(257).astype(np.float32)
     state = {n: np.zeros(257, np.float32) for n in optimizer.state_names}
-    documented = DocumentedOptimizer(name, {"p": param}, optimizer.defaults, clip_norm=None)
+    documented = DocumentedOptimizer(REGISTRY[name], {"p": param}, optimizer.defaults, clip_norm=None)
     for step in range(1, 51):
         grad = (rng.standard_normal(257) * (1.0 + 0.5 * np.sin(step))).astype(np.float32)
         one_update(optimizer, param, grad, state, step)
@@ -102,22 +105,22 @@ def test_optimizers_follow_torch_documented_algorithm_over_many_steps(name, opti
 
 def test_documented_adam_first_step_moves_each_element_by_lr():
     theta, g = np.array([1.0, -2.0]), np.array([3.0, -1e-3])
-    moved = oracle.adam(theta, g, {}, 1, lr=0.1, betas=(0.9, 0.999), eps=0.0)
+    moved = documented_adam(theta, g, {}, 1, lr=0.1, betas=(0.9, 0.999), eps=0.0)
     assert moved.tolist() == pytest.approx([0.9, -1.9])
 
 
 def test_documented_weight_decay_is_coupled_in_adam_and_decoupled_in_adamw():
     theta, zero, hyper = np.array([2.0]), np.zeros(1), dict(lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
-    coupled = oracle.adam(theta, zero, {}, 1, **hyper)
-    decoupled = oracle.adamw(theta, zero, {}, 1, **hyper)
+    coupled = documented_adam(theta, zero, {}, 1, **hyper)
+    decoupled = documented_adamw(theta, zero, {}, 1, **hyper)
     assert coupled.tolist() == pytest.approx([1.9])  # lambda * theta is normalised like a gradient: a step of lr
     assert decoupled.tolist() == pytest.approx([1.98])  # theta * (1 - lr * lambda); the moments stay 0
 
 
 def test_documented_sgd_momentum_buffer_starts_at_the_first_gradient():
     state, theta = {}, np.array([1.0])
-    theta = oracle.sgd(theta, np.array([1.0]), state, 1, lr=0.1, momentum=0.9)
-    theta = oracle.sgd(theta, np.array([1.0]), state, 2, lr=0.1, momentum=0.9)
+    theta = documented_sgd(theta, np.array([1.0]), state, 1, lr=0.1, momentum=0.9)
+    theta = documented_sgd(theta, np.array([1.0]), state, 2, lr=0.1, momentum=0.9)
     assert state["b"].tolist() == pytest.approx([1.9]) and theta.tolist() == pytest.approx([1.0 - 0.1 - 0.19])
 
 
@@ -130,8 +133,8 @@ def test_documented_clip_coefficient_is_torch_clip_grad_norm():
 def test_documented_amsgrad_steps_with_the_largest_second_moment_so_far():
     state, theta = {}, np.array([0.0])
     hyper = dict(lr=0.1, betas=(0.0, 0.5), eps=0.0, amsgrad=True)
-    oracle.adam(theta, np.array([2.0]), state, 1, **hyper)
-    oracle.adam(theta, np.array([0.0]), state, 2, **hyper)
+    documented_adam(theta, np.array([2.0]), state, 1, **hyper)
+    documented_adam(theta, np.array([0.0]), state, 2, **hyper)
     assert state["v_max"].tolist() == [2.0] and state["v"].tolist() == [1.0]
 
 
@@ -201,16 +204,16 @@ def test_hyper_parameters_given_as_numpy_or_torch_scalars_are_numbers():
 
 
 HYPERS = [  # (rule, hyper, state names): every term the formulas can take
-    (rules.SGDRule, SGDHyper(lr=0.1), []),
+    (SGDRule, SGDHyper(lr=0.1), []),
     (
-        rules.SGDRule,
+        SGDRule,
         SGDHyper(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01, maximize=True),
         ["momentum_buffer"],
     ),
-    (rules.SGDRule, SGDHyper(lr=0.1, momentum=0.9, nesterov=True), ["momentum_buffer"]),
-    (rules.AdamRule, AdamHyper(lr=1e-3, weight_decay=0.1), ["exp_avg", "exp_avg_sq"]),
+    (SGDRule, SGDHyper(lr=0.1, momentum=0.9, nesterov=True), ["momentum_buffer"]),
+    (AdamRule, AdamHyper(lr=1e-3, weight_decay=0.1), ["exp_avg", "exp_avg_sq"]),
     (
-        rules.AdamRule,
+        AdamRule,
         AdamHyper(lr=1e-3, weight_decay=0.1, decoupled_weight_decay=True, amsgrad=True, maximize=True),
         ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"],
     ),
@@ -231,17 +234,17 @@ def test_the_fused_device_update_gives_the_host_updates_bytes_in_one_launch(rule
         host[name] = np.abs(host[name]) if name != "momentum_buffer" else host[name]
     device = {name: standin.asarray(a) for name, a in host.items()}
     launches = sum(cuda.LAUNCHES.values())
-    rules.update(rule, hyper, step, device["param"], device["grad"], {n: device[n] for n in states})
+    apply_step(rule, hyper, step, device["param"], device["grad"], {n: device[n] for n in states})
     assert sum(cuda.LAUNCHES.values()) == launches + 1
-    rules.update(rule, hyper, step, host["param"], host["grad"], {n: host[n] for n in states})
+    apply_step(rule, hyper, step, host["param"], host["grad"], {n: host[n] for n in states})
     for name, a in host.items():
         assert a.tobytes() == device[name].get().tobytes(), name
 
 
 def test_the_fused_update_kernels_c_spelling():
     hyper = AdamHyper(lr=1e-3, weight_decay=0.1, decoupled_weight_decay=True)
-    constants = {k: v if isinstance(v, bool) else np.float32(v) for k, v in rules.AdamRule.constants(hyper, 3).items()}
-    inputs, outputs, body = device_update.kernel_source(rules.AdamRule, hyper, constants, ["exp_avg", "exp_avg_sq"])
+    constants = {k: v if isinstance(v, bool) else np.float32(v) for k, v in AdamRule.constants(hyper, 3).items()}
+    inputs, outputs, body = device_update.kernel_source(AdamRule, hyper, constants, ["exp_avg", "exp_avg_sq"])
     assert inputs.startswith("float32 grad, float32 c_beta1, float32 c_beta2,") and inputs.endswith("float32 c_eps")
     assert outputs == "float32 param, float32 exp_avg, float32 exp_avg_sq"
     m = "((exp_avg * c_beta1) + (grad * c_one_minus_beta1))"

@@ -132,7 +132,10 @@ def test_a_torch_optimizer_state_loads_into_the_engine_before_or_after_shard():
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda net: torch.optim.RMSprop(net.parameters()), "is not supported: the engine runs torch.optim.SGD, Adam"),
+        (
+            lambda net: torch.optim.RMSprop(net.parameters()),
+            "is not supported: the engine runs torch.optim.SGD, torch.optim.Adam",
+        ),
         (lambda net: torch.optim.Adam(net.parameters(), differentiable=True), "differentiable=True is not supported"),
         (
             lambda net: torch.optim.SGD(list(net.parameters())[1:], lr=0.1),

@@ -1,7 +1,9 @@
-"""The optimizer: torch.optim's algorithms (``rules``), their hyper-parameters (``hyper``), parameter groups
-(``optimizers``, ``binding``), and the float64 oracle of what they mean (``oracle``)."""
+"""The optimizers (one file each, named in ``registry``), their binding to an engine's tensors, and their update."""
 
+from mpizero.core.optim.adam import Adam, AdamW
 from mpizero.core.optim.binding import BoundOptimizer
-from mpizero.core.optim.optimizers import OPTIMIZERS, SGD, Adam, AdamW, Optimizer
+from mpizero.core.optim.optimizer import Optimizer
+from mpizero.core.optim.registry import OPTIMIZERS
+from mpizero.core.optim.sgd import SGD
 
 __all__ = ["OPTIMIZERS", "SGD", "Adam", "AdamW", "BoundOptimizer", "Optimizer"]

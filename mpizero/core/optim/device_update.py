@@ -1,4 +1,4 @@
-"""The optimizer update on a device in one kernel: the rule's formula (``rules``) spelled in CUDA C.
+"""The optimizer update on a device in one kernel: the rule's formula (``update``) spelled in CUDA C.
 
 The formula is the one NumPy evaluates on the host: ``C_OPS`` spells each
 operation as a C expression on float32 values, the step's constants are

@@ -1,4 +1,4 @@
-"""``SGD``, ``Adam`` and ``AdamW`` for the engine, built as torch.optim's are: parameter groups and defaults.
+"""What every optimizer of the engine is: an algorithm (``rule``), its defaults and parameter groups, as torch.optim's.
 
 ``params`` is None (one group of every tensor), a list of tensor names (one
 group), or a list of dicts, each with ``"params"`` (tensor names) and any
@@ -13,14 +13,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from mpizero.core.optim.hyper import as_dict
-from mpizero.core.optim.rules import AdamRule, SGDRule
 
 
 class Optimizer:
     """An algorithm (``rule``), its defaults, and parameter groups of tensor names."""
 
-    rule = SGDRule
+    rule = None  # the update formula and its hyper-parameters' type (``sgd.SGDRule``, ...)
     fixed: dict = {}  # hyper-parameters this class sets (AdamW: decoupled weight decay)
+    documented = None  # torch's documented algorithm in float64, for verify's semantics check (``oracle``)
+    torch_classes: tuple[str, ...] = ()  # the torch optimizers it stands for, by qualified name (the torch bridge)
+    torch_counts_steps = False  # whether torch's state dict keeps a ``step`` per parameter
+    verify_settings: dict = {}  # the hyper-parameters ``verify --optimizer`` trains with
 
     def __init__(self, params: Iterable | None = None, **defaults) -> None:
         unknown = sorted(set(defaults) - set(self.hyper_names()))
@@ -70,28 +73,3 @@ def _names(params) -> list[str]:
     if not all(isinstance(n, str) for n in names):
         raise TypeError(f"the engine's parameter groups list tensor names, got {names[:3]!r}")
     return names
-
-
-class SGD(Optimizer):
-    """torch.optim.SGD: ``lr``, ``momentum``, ``dampening``, ``weight_decay``, ``nesterov``, ``maximize``."""
-
-    rule = SGDRule
-
-
-class Adam(Optimizer):
-    """torch.optim.Adam: ``lr``, ``betas``, ``eps``, ``weight_decay`` (L2), ``amsgrad``, ``maximize``."""
-
-    rule = AdamRule
-    fixed = {"decoupled_weight_decay": False}
-
-
-class AdamW(Adam):
-    """torch.optim.AdamW: Adam with decoupled weight decay (default 1e-2)."""
-
-    fixed = {"decoupled_weight_decay": True}
-
-    def __init__(self, params: Iterable | None = None, **defaults) -> None:
-        super().__init__(params, **{"weight_decay": 1e-2, **defaults})
-
-
-OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}

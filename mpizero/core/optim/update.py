@@ -1,0 +1,47 @@
+"""One optimizer step on float32 arrays: a rule's formula evaluated by NumPy in chunks, or by one device kernel.
+
+Every rule (``sgd``, ``adam``, ...) writes its update once as ``formula(ops,
+arrays, c, hyper)``, elementwise and correctly rounded (add, multiply, divide,
+sqrt, maximum), so updating a shard gives, element for element, the same bits
+as updating the full vector. Step-dependent factors (``constants``) are
+computed once per step as Python floats and rounded to float32. ``NUMPY_OPS``
+evaluates a formula on host arrays in cache-sized chunks; ``device_update``
+spells it as one CUDA kernel. Python conditions on ``hyper`` and ``c`` choose
+the terms, so a kernel generated from the same function is specialized to them.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from mpizero.arrays import CHUNK, array_module
+from mpizero.core.optim import device_update
+
+NUMPY_OPS = SimpleNamespace(
+    add=np.add, sub=np.subtract, mul=np.multiply, div=np.divide, sqrt=np.sqrt, maximum=np.maximum, neg=np.negative
+)
+
+
+def apply_step(rule, hyper, step: int, param, grad, state: dict) -> None:
+    """Apply one step of ``rule`` in place: ``param`` and ``state`` from ``grad`` (flat float32 arrays, equal
+    length); ``step`` counts the optimizer steps taken, from 1. Host arrays go in cache-sized chunks, device
+    arrays in one fused kernel (``device_update``)."""
+    arrays = {"param": flat(param), "grad": flat(grad), **{k: flat(v) for k, v in state.items()}}
+    constants = {k: v if isinstance(v, bool) else np.float32(v) for k, v in rule.constants(hyper, step).items()}
+    xp = array_module(arrays["param"])
+    if xp is not np:
+        device_update.device_update(xp, rule, hyper, arrays, constants, NUMPY_OPS)
+        return
+    for start in range(0, arrays["param"].size, CHUNK):
+        view = {k: a[start : start + CHUNK] for k, a in arrays.items()}
+        for name, value in rule.formula(NUMPY_OPS, view, constants, hyper).items():
+            view[name][...] = value
+
+
+def flat(a):
+    """A 1-D view of a contiguous array (updates through it land in ``a``)."""
+    if not a.flags.c_contiguous:
+        raise ValueError(f"optimizer buffers must be contiguous, got strides {a.strides}")
+    return a.reshape(-1)
