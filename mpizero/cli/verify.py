@@ -171,7 +171,7 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool, CommPaths]:
 
 
 def build_runs(stage: int, args, comm, model, precision):
-    """The engine and its trainer, the single-rank reference, and torch.optim's documented optimizer.
+    """The engine and its trainer, the single-rank reference, and the optimizer's documented algorithm.
 
     The engine makes its values shard by shard (``initial.sharded``); the reference and the documented optimizer,
     which every rank runs to check its own shard, start from the whole model built at once (``model.init``), so a
@@ -248,7 +248,7 @@ class SemanticsRecord:
     def verdict(self, collectives, name: str) -> tuple[str, bool]:
         """The optimizer-semantics verdict text, and whether it is within tolerance."""
         verdict, detail, ok = self.agreed(collectives)
-        return f"optimizer semantics {verdict} {self.tolerance:.0e} of torch.optim's documented {name} ({detail})", ok
+        return f"optimizer semantics {verdict} {self.tolerance:.0e} of the documented {name} ({detail})", ok
 
 
 def fp32_difference(model, compute_params: dict, batches: list, averaged: dict) -> float:

@@ -4,7 +4,7 @@ learning-rate schedule meets)."""
 from __future__ import annotations
 
 from mpizero.comm import agree
-from mpizero.core.optim import BoundOptimizer, binding
+from mpizero.core.optim import OPTIMIZERS, BoundOptimizer, binding
 
 
 class HyperAgreement:
@@ -55,6 +55,7 @@ def bind_optimizer(optimizer, names: list[str]) -> tuple[BoundOptimizer | None, 
         return BoundOptimizer(optimizer, names), None
     except AttributeError:
         kind = type(optimizer).__name__
-        return None, f"optimizer must be mpizero.SGD, Adam or AdamW (torch.optim's through mpizero.torch), got {kind}"
+        own = ", ".join(f"mpizero.{o.__name__}" for o in OPTIMIZERS.values())
+        return None, f"optimizer must be one of {own} (torch's through mpizero.torch), got {kind}"
     except (ValueError, TypeError) as error:
         return None, f"optimizer: {error}"

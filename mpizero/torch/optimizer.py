@@ -68,11 +68,15 @@ class TorchOptimizer:
 def _problem(optimizer, canonical: dict[int, str]) -> str | None:
     """What keeps ``optimizer`` from training these parameters through the engine (None when nothing does)."""
     if type(optimizer) not in supported():
-        named = ", ".join(name for optimizer in OPTIMIZERS.values() for name in optimizer.torch_classes)
+        torch_names = ", ".join(name for kind in OPTIMIZERS.values() for name in kind.torch_classes)
+        own = ", ".join(kind.__name__ for kind in OPTIMIZERS.values())
         return (
             f"{type(optimizer).__module__}.{type(optimizer).__qualname__} is not supported: the engine runs "
-            f"{named} (their exact classes, where installed), or mpizero's own {', '.join(o.__name__ for o in OPTIMIZERS.values())}"
+            f"{torch_names} (their exact classes, where installed), or mpizero's own {own}"
         )
+    refusal = supported()[type(optimizer)].torch_refusal(optimizer)
+    if refusal is not None:
+        return refusal
     for index, group in enumerate(optimizer.param_groups):
         for p in group["params"]:
             if id(p) not in canonical:

@@ -4,11 +4,11 @@ parameter groups cover every tensor once, and their hyper-parameters are read, c
 import numpy as np
 import pytest
 
-from mpizero import SGD, Adam, AdamW, Partition
-from mpizero.core.optim import BoundOptimizer, binding, device_update, oracle
+from mpizero import SGD, Adam, AdamW, Lion, Partition
+from mpizero.core.optim import BoundOptimizer, binding, device_update, oracle, registry
 from mpizero.core.optim.adam import AdamHyper, AdamRule, documented_adam, documented_adamw
+from mpizero.core.optim.lion import LionHyper, LionRule
 from mpizero.core.optim.oracle import DocumentedOptimizer
-from mpizero.core.optim.registry import OPTIMIZERS as REGISTRY
 from mpizero.core.optim.sgd import SGDHyper, SGDRule, documented_sgd
 from mpizero.core.optim.update import apply_step
 
@@ -21,6 +21,8 @@ OPTIMIZERS = [
     Adam(lr=1e-2, amsgrad=True, maximize=True),
     AdamW(lr=1e-2),
     AdamW(lr=1e-2, amsgrad=True),
+    Lion(lr=1e-3, weight_decay=0.1),
+    Lion(lr=1e-3, betas=(0.95, 0.98), maximize=True),
 ]
 
 
@@ -86,6 +88,8 @@ DOCUMENTED = [
     ("adam", Adam(lr=1e-2, amsgrad=True, maximize=True)),
     ("adamw", AdamW(lr=1e-2)),
     ("adamw", AdamW(lr=1e-2, amsgrad=True, weight_decay=0.1)),
+    ("lion", Lion(lr=1e-3, weight_decay=0.1)),
+    ("lion", Lion(lr=1e-3, betas=(0.95, 0.98), maximize=True)),
 ]
 
 
@@ -94,7 +98,7 @@ def test_optimizers_follow_torch_documented_algorithm_over_many_steps(name, opti
     rng = np.random.default_rng(7)
     param = rng.standard_normal(257).astype(np.float32)
     state = {n: np.zeros(257, np.float32) for n in optimizer.state_names}
-    documented = DocumentedOptimizer(REGISTRY[name], {"p": param}, optimizer.defaults, clip_norm=None)
+    documented = DocumentedOptimizer(registry.OPTIMIZERS[name], {"p": param}, optimizer.defaults, clip_norm=None)
     for step in range(1, 51):
         grad = (rng.standard_normal(257) * (1.0 + 0.5 * np.sin(step))).astype(np.float32)
         one_update(optimizer, param, grad, state, step)
@@ -217,6 +221,7 @@ HYPERS = [  # (rule, hyper, state names): every term the formulas can take
         AdamHyper(lr=1e-3, weight_decay=0.1, decoupled_weight_decay=True, amsgrad=True, maximize=True),
         ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"],
     ),
+    (LionRule, LionHyper(lr=1e-3, weight_decay=0.1, maximize=True), ["exp_avg"]),
 ]
 
 
@@ -255,3 +260,12 @@ def test_the_fused_update_kernels_c_spelling():
         "exp_avg = new_exp_avg; exp_avg_sq = new_exp_avg_sq; param = new_param;"
     )
     assert device_update.OPTIONS == ("--fmad=false",)  # no multiply and add contracted: each rounds as NumPy's do
+
+
+def test_lions_sign_is_numpys_in_the_kernels_c_spelling():
+    """The CUDA spelling of ``sign`` gives numpy.sign's values: +0 for both zeros, NaN kept."""
+    sign = device_update.C_OPS.sign("x")
+    assert sign == "((x) > 0.0f ? 1.0f : ((x) < 0.0f ? -1.0f : ((x) == 0.0f ? 0.0f : (x))))"
+    for x in np.array([2.5, -1e-45, 0.0, -0.0, np.nan, -np.inf], np.float32):
+        spelled = 1.0 if x > 0 else -1.0 if x < 0 else 0.0 if x == 0 else x  # the C expression, in Python
+        assert np.float32(spelled).tobytes() == np.sign(x).tobytes(), x

@@ -85,6 +85,29 @@ def test_torchs_optimizers_and_their_options_agree_with_plain_torch(name):
     assert max(differences) <= 1e-5, differences  # maximize climbs: the values grow, and so does float noise
 
 
+def test_lion_from_its_usual_package_agrees_with_plain_torch_and_keeps_its_state_dict():
+    lion_pytorch = pytest.importorskip("lion_pytorch", reason="lion-pytorch is not installed (.ci/run installs it)")
+    make = lambda net: lion_pytorch.Lion(groups(net, weight_decay=0.1), lr=1e-3, betas=(0.9, 0.99))  # noqa: E731
+    differences = list(run_plain_and_sharded(make, 2, warmup_cosine, steps=6))
+    assert max(differences) <= 1e-5, differences
+    net = model()
+    optimizer = make(net)
+    zero = shard(net, optimizer, stage=3)
+    x, y = micro_batch(0, 0)
+    torch.nn.functional.mse_loss(net(x), y).backward()
+    optimizer.step()
+    state = optimizer.state_dict()
+    assert sorted(state["state"][0]) == ["exp_avg"] and state["param_groups"][0]["weight_decay"] == 0.1
+    assert zero.engine.bound.type_name == "Lion"
+
+
+def test_lions_decoupled_weight_decay_outside_its_groups_is_refused():
+    lion_pytorch = pytest.importorskip("lion_pytorch", reason="lion-pytorch is not installed (.ci/run installs it)")
+    net = model()
+    with pytest.raises(mpizero.ZeroError, match=r"Lion\(decoupled_weight_decay=True\) divides weight_decay"):
+        shard(net, lion_pytorch.Lion(net.parameters(), lr=1e-3, decoupled_weight_decay=True), stage=2)
+
+
 def test_the_users_optimizer_reads_the_schedules_rate_and_its_state_dict_is_torchs():
     plain, ours = model(), model()
     opt_plain, opt_ours = (torch.optim.AdamW(net.parameters(), lr=1e-2) for net in (plain, ours))

@@ -2,8 +2,9 @@
 
 from mpizero.core.optim.adam import Adam, AdamW
 from mpizero.core.optim.binding import BoundOptimizer
+from mpizero.core.optim.lion import Lion
 from mpizero.core.optim.optimizer import Optimizer
 from mpizero.core.optim.registry import OPTIMIZERS
 from mpizero.core.optim.sgd import SGD
 
-__all__ = ["OPTIMIZERS", "SGD", "Adam", "AdamW", "BoundOptimizer", "Optimizer"]
+__all__ = ["OPTIMIZERS", "SGD", "Adam", "AdamW", "BoundOptimizer", "Lion", "Optimizer"]

@@ -28,6 +28,7 @@ C_OPS = SimpleNamespace(
     sqrt=lambda a: f"sqrtf({a})",
     maximum=lambda a, b: f"(({a} >= {b} || isnan({a})) ? {a} : {b})",  # numpy.maximum's: a NaN wins
     neg=lambda a: f"(-{a})",
+    sign=lambda a: f"(({a}) > 0.0f ? 1.0f : (({a}) < 0.0f ? -1.0f : (({a}) == 0.0f ? 0.0f : ({a}))))",  # numpy.sign's
 )
 OPTIONS = ("--fmad=false",)
 

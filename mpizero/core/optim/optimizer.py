@@ -25,6 +25,12 @@ class Optimizer:
     torch_counts_steps = False  # whether torch's state dict keeps a ``step`` per parameter
     verify_settings: dict = {}  # the hyper-parameters ``verify --optimizer`` trains with
 
+    @staticmethod
+    def torch_refusal(torch_optimizer) -> str | None:
+        """What a torch optimizer of a class in ``torch_classes`` sets outside its parameter groups that the engine
+        cannot honour (None: nothing), so the bridge refuses it rather than ignore it."""
+        return None
+
     def __init__(self, params: Iterable | None = None, **defaults) -> None:
         unknown = sorted(set(defaults) - set(self.hyper_names()))
         if unknown:

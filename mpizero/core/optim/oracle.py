@@ -1,11 +1,11 @@
-"""torch.optim's documented algorithms in float64 NumPy: an oracle for what the optimizer means.
+"""Each optimizer's documented algorithm in float64 NumPy: an oracle for what the optimizer means.
 
 ``verify`` compares the engine with the single-rank reference bit for bit, but
 both evaluate the same formula (each optimizer's ``rule``), so a wrong formula
 (a bias correction off by one step, weight decay coupled where it should be
 decoupled) would pass that comparison. The independent check: each optimizer's
 file also writes its algorithm from the pseudo-code in the ``torch.optim``
-documentation, in float64, sharing no code with its formula (``documented``);
+documentation (or, for Lion, its paper), in float64, sharing no code with its formula (``documented``);
 this module runs it with ``torch.nn.utils.clip_grad_norm_``'s clipping. Only
 the hyperparameter values are read from the optimizer under test.
 
@@ -31,7 +31,7 @@ def clip_coefficient(grads: Mapping, max_norm: float) -> float:
 
 
 class DocumentedOptimizer:
-    """Float64 parameters trained by torch.optim's documented algorithm from given averaged gradients."""
+    """Float64 parameters trained by the optimizer's documented algorithm from given averaged gradients."""
 
     def __init__(self, optimizer: type, params: Mapping, hyperparameters: Mapping, clip_norm: float | None) -> None:
         """``optimizer``: the optimizer's class, whose ``documented`` algorithm this runs (``sgd``, ``adam``)."""

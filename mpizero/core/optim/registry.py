@@ -7,6 +7,7 @@ bridge its ``torch_classes``, checkpoints its class name.
 """
 
 from mpizero.core.optim.adam import Adam, AdamW
+from mpizero.core.optim.lion import Lion
 from mpizero.core.optim.sgd import SGD
 
-OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
+OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "lion": Lion}

@@ -20,7 +20,14 @@ from mpizero.arrays import CHUNK, array_module
 from mpizero.core.optim import device_update
 
 NUMPY_OPS = SimpleNamespace(
-    add=np.add, sub=np.subtract, mul=np.multiply, div=np.divide, sqrt=np.sqrt, maximum=np.maximum, neg=np.negative
+    add=np.add,
+    sub=np.subtract,
+    mul=np.multiply,
+    div=np.divide,
+    sqrt=np.sqrt,
+    maximum=np.maximum,
+    neg=np.negative,
+    sign=np.sign,
 )
 
 
