@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpizero.core.optim.hyper import check, flag
+from mpizero.core.optim.hyper import check, check_betas, flag
 from mpizero.core.optim.optimizer import Optimizer
 
 
@@ -33,11 +33,7 @@ class AdamHyper:
 
     def __post_init__(self) -> None:
         check("lr", self.lr, 0.0)
-        if not (isinstance(self.betas, (tuple, list)) and len(self.betas) == 2):
-            raise ValueError(f"betas must be a pair of numbers, got {self.betas!r}")
-        object.__setattr__(self, "betas", tuple(self.betas))
-        check("betas[0]", self.betas[0], 0.0, 1.0)
-        check("betas[1]", self.betas[1], 0.0, 1.0)
+        check_betas(self)
         check("eps", self.eps, 0.0)
         check("weight_decay", self.weight_decay, 0.0)
         for name in ("amsgrad", "maximize", "decoupled_weight_decay"):

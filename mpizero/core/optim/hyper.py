@@ -24,6 +24,15 @@ def flag(name: str, value) -> None:
         raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
+def check_betas(hyper, closed_high: bool = False) -> None:
+    """Check ``hyper.betas`` is a pair of numbers in [0, 1) (or [0, 1]) and store it as a tuple."""
+    if not (isinstance(hyper.betas, (tuple, list)) and len(hyper.betas) == 2):
+        raise ValueError(f"betas must be a pair of numbers, got {hyper.betas!r}")
+    object.__setattr__(hyper, "betas", tuple(hyper.betas))
+    check("betas[0]", hyper.betas[0], 0.0, 1.0, closed_high)
+    check("betas[1]", hyper.betas[1], 0.0, 1.0, closed_high)
+
+
 def field_names(hyper_type) -> tuple[str, ...]:
     """The hyper-parameter names of ``hyper_type``, in its order."""
     return tuple(f.name for f in fields(hyper_type))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpizero.core.optim.hyper import check, flag
+from mpizero.core.optim.hyper import check, check_betas, flag
 from mpizero.core.optim.optimizer import Optimizer
 
 
@@ -29,11 +29,7 @@ class LionHyper:
 
     def __post_init__(self) -> None:
         check("lr", self.lr, 0.0)
-        if not (isinstance(self.betas, (tuple, list)) and len(self.betas) == 2):
-            raise ValueError(f"betas must be a pair of numbers, got {self.betas!r}")
-        object.__setattr__(self, "betas", tuple(self.betas))
-        check("betas[0]", self.betas[0], 0.0, 1.0, closed_high=True)
-        check("betas[1]", self.betas[1], 0.0, 1.0, closed_high=True)
+        check_betas(self, closed_high=True)  # lion_pytorch allows 1
         check("weight_decay", self.weight_decay, 0.0)
         flag("maximize", self.maximize)
 
