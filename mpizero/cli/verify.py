@@ -106,7 +106,7 @@ class Mismatch:
 
 
 def make_optimizer(name: str):
-    """The registry's optimizer ``name`` with the hyper-parameters it is verified with."""
+    """The listed optimizer ``name`` with the hyper-parameters it is verified with."""
     return OPTIMIZERS[name](**OPTIMIZERS[name].verify_settings)
 
 

@@ -21,7 +21,7 @@ import torch
 from mpizero.checkpoint import catalog, compat, store
 from mpizero.comm import agree
 from mpizero.core.optim.hyper import field_names
-from mpizero.torch.optimizer import is_torch_optimizer
+from mpizero.torch.optim_bridge import is_torch_optimizer
 from mpizero.torch.tensors import from_host, host_copy, host_dtype
 
 

@@ -23,7 +23,7 @@ import mpizero
 from mpizero.core.reference import Reference
 from mpizero.torch import rng
 from mpizero.torch.buffers import BufferSync
-from mpizero.torch.optimizer import TorchOptimizer
+from mpizero.torch.optim_bridge import TorchOptimizer
 from mpizero.torch.shard import shard
 from mpizero.torch.units import trainable
 

@@ -34,7 +34,7 @@ from mpizero.torch.edits import GATHERED_RAISED, EditWatch
 from mpizero.torch.grads import GradientIntake
 from mpizero.torch.hooks import UnitHooks
 from mpizero.torch.meta import MetaInit, is_meta_model
-from mpizero.torch.optimizer import TorchOptimizer, attach, is_torch_optimizer
+from mpizero.torch.optim_bridge import TorchOptimizer, attach, is_torch_optimizer
 from mpizero.torch.params import Binder
 from mpizero.torch.streams import TorchStream, on_torch_stream
 from mpizero.torch.sync import Announcer, Operation

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mpizero import SGD, Adam, AdamW, Lion, Partition
-from mpizero.core.optim import BoundOptimizer, binding, device_update, oracle, registry
+from mpizero.core.optim import BoundOptimizer, binding, device_update, optimizers, oracle
 from mpizero.core.optim.adam import AdamHyper, AdamRule, documented_adam, documented_adamw
 from mpizero.core.optim.lion import LionHyper, LionRule
 from mpizero.core.optim.oracle import DocumentedOptimizer
@@ -98,7 +98,7 @@ def test_optimizers_follow_torch_documented_algorithm_over_many_steps(name, opti
     rng = np.random.default_rng(7)
     param = rng.standard_normal(257).astype(np.float32)
     state = {n: np.zeros(257, np.float32) for n in optimizer.state_names}
-    documented = DocumentedOptimizer(registry.OPTIMIZERS[name], {"p": param}, optimizer.defaults, clip_norm=None)
+    documented = DocumentedOptimizer(optimizers.OPTIMIZERS[name], {"p": param}, optimizer.defaults, clip_norm=None)
     for step in range(1, 51):
         grad = (rng.standard_normal(257) * (1.0 + 0.5 * np.sin(step))).astype(np.float32)
         one_update(optimizer, param, grad, state, step)

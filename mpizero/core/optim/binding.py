@@ -12,7 +12,7 @@ Glossary:
   buffer, AMSGrad's maximum) each group keeps; fixed when the engine is made.
 
 Any optimizer with ``rule`` and ``param_groups`` binds: the engine's own
-(``registry``) and ``mpizero.torch``'s view of a ``torch.optim`` optimizer.
+(``optimizers``) and ``mpizero.torch``'s view of a ``torch.optim`` optimizer.
 """
 
 from __future__ import annotations

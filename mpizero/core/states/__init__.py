@@ -23,9 +23,9 @@ engine, or at exit; one a killed process left is removed by the next engine on
 its host.
 """
 
-from mpizero.core.states.disk import InFile
 from mpizero.core.states.group_file import GRAD, STATE_DTYPE, SUMS, GroupFile, MappedStates
-from mpizero.core.states.memory import InMemory
+from mpizero.core.states.in_file import InFile
+from mpizero.core.states.in_memory import InMemory
 from mpizero.core.states.offload_directory import PREFIX, RankDirectory, owners_prefix, rank_directory
 from mpizero.core.states.turn import in_turn
 

@@ -6,8 +6,8 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from mpizero.core.states.disk import InFile
 from mpizero.core.states.group_file import GRAD, SUMS
+from mpizero.core.states.in_file import InFile
 
 
 class InMemory:

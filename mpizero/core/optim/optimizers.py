@@ -1,7 +1,7 @@
 """Every optimizer by the name the command line uses: adding one is its own file and one line here.
 
 Each entry is an ``Optimizer`` class, which carries what every user of the
-registry needs: the engine and the single-rank reference its ``rule``,
+list needs: the engine and the single-rank reference its ``rule``,
 ``verify`` its ``documented`` algorithm and ``verify_settings``, the torch
 bridge its ``torch_classes``, checkpoints its class name.
 """

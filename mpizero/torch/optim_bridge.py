@@ -1,9 +1,9 @@
-"""A ``torch.optim`` optimizer trained through the engine: any the registry names, its groups read at every step.
+"""A torch optimizer trained through the engine: any ``core.optim.optimizers`` lists, its groups read at every step.
 
 The optimizer the user built stays theirs. Its ``param_groups`` (learning rate,
 betas, weight decay, as a scheduler sets them) are what the engine reads at
 every step (``TorchOptimizer`` names each group's tensors by their canonical
-names); the engine applies the registry's optimizer that stands for its class (``core.optim.registry``,
+names); the engine applies the listed optimizer that stands for its class (``core.optim.optimizers``,
 ``torch_classes``) to its shards.
 ``attach`` makes the object's own methods the sharded model's: ``step()``
 takes the step, ``zero_grad()`` drops gradients, ``state_dict()`` and
@@ -24,7 +24,7 @@ from mpizero.core.optim import OPTIMIZERS
 
 @functools.cache
 def supported() -> dict:
-    """Each torch optimizer class a registry optimizer stands for (``torch_classes``), where its module imports
+    """Each torch optimizer class a listed optimizer stands for (``torch_classes``), where its module imports
     here, and that optimizer."""
     found = {}
     for optimizer in OPTIMIZERS.values():
