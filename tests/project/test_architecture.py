@@ -98,3 +98,9 @@ def test_the_architecture_page_names_every_room():
     page = (ROOT / "docs" / "architecture.md").read_text()
     missing = [name for name in FLOORS if f"`{name.removeprefix('mpizero.') or 'mpizero'}" not in page]
     assert not missing, f"docs/architecture.md does not name {missing}"
+
+
+def test_every_module_name_occurs_once():
+    """A file name says where a thing is: no two modules of the package share one (``__init__`` aside)."""
+    names = [p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" and "__pycache__" not in p.parts]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
