@@ -3,7 +3,7 @@
 from mpizero.core.config import DiskOffload, ZeroConfig
 from mpizero.core.engine import ZeroEngine
 from mpizero.core.layout import FlatLayout, TensorSpec
-from mpizero.core.optim import SGD, Adam, AdamW, Lion
+from mpizero.core.optim import SGD, Adam, AdamW, Lion, Muon
 from mpizero.core.partition import Partition, split_evenly
 from mpizero.core.reference import Reference
 from mpizero.core.sharded_init import ShardedInit, philox_normal
@@ -18,6 +18,7 @@ __all__ = [
     "DiskOffload",
     "FlatLayout",
     "Lion",
+    "Muon",
     "Partition",
     "Reference",
     "ShardedInit",

@@ -93,7 +93,7 @@ def device_memory() -> int | None:
 
 def space_needed(args, numel: int, ranks: int) -> dict[str, tuple[str, int]]:
     """What rank 0's outputs and one checkpoint of ``numel`` parameters will write: ``{flag: (path, bytes)}``."""
-    states = 1 + len(OPTIMIZERS[args.optimizer]().state_names)
+    states = 1 + OPTIMIZERS[args.optimizer].states_per_element()
     needs = {}
     if args.checkpoint_dir:
         needs["--checkpoint-dir"] = (args.checkpoint_dir, 4 * states * numel + JSON_BYTES)

@@ -259,9 +259,10 @@ def written(write: Callable[[], None]) -> str | None:
 
 def make_engine(args, model, precision, comm) -> ZeroEngine:
     """The engine, built from ``initial.sharded``: at stage 3 each rank makes only its shard of the values."""
+    source = initial.sharded(model, args.seed, args.device)
     return ZeroEngine(
-        initial.sharded(model, args.seed, args.device),
-        OPTIMIZERS[args.optimizer](lr=args.lr),
+        source,
+        OPTIMIZERS[args.optimizer].for_shapes(source.shapes, lr=args.lr),
         comm=comm,
         groups=make_groups(model, args.stage, args.bucket_elems),
         stage=args.stage,

@@ -105,11 +105,6 @@ class Mismatch:
         )
 
 
-def make_optimizer(name: str):
-    """The listed optimizer ``name`` with the hyper-parameters it is verified with."""
-    return OPTIMIZERS[name](**OPTIMIZERS[name].verify_settings)
-
-
 def run(args, comm) -> int:
     """Verify each requested stage; print one line per stage on rank 0; return the exit code."""
     stages = list(STAGES) if args.stage == "all" else [int(args.stage)]
@@ -177,7 +172,8 @@ def build_runs(stage: int, args, comm, model, precision):
     which every rank runs to check its own shard, start from the whole model built at once (``model.init``), so a
     different initial value is caught as a mismatch."""
     params = to_device(model.init(args.seed), device_module(args.device))
-    optimizer = make_optimizer(args.optimizer)
+    kind = OPTIMIZERS[args.optimizer]
+    optimizer = kind.for_shapes({n: p.shape for n, p in params.items()}, **kind.verify_settings)
     numerics = dict(
         precision.engine_settings(),
         watchdog=args.watchdog or None,
@@ -189,7 +185,7 @@ def build_runs(stage: int, args, comm, model, precision):
     engine = ZeroEngine(source, optimizer, comm=comm, groups=groups, stage=stage, reduction=args.reduction, **numerics)
     reference = RecordingReference(params, optimizer, args.reduction, **{k: numerics[k] for k in REFERENCE_SETTINGS})
     host_params = {n: to_host(p) for n, p in params.items()}
-    documented = DocumentedOptimizer(OPTIMIZERS[args.optimizer], host_params, optimizer.defaults, numerics["clip_norm"])
+    documented = DocumentedOptimizer(optimizer, host_params, numerics["clip_norm"])
     return engine, Trainer(model, engine, precision), reference, documented
 
 

@@ -67,7 +67,7 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         self.names = list(params.shapes if sharded else params)
         group_names = [self.names] if groups is None else [list(g) for g in groups]
         problem = params_problem(params, group_names)
-        self.bound, bind_problem = bind_optimizer(optimizer, self.names) if problem is None else (None, None)
+        self.bound, bind_problem = bind_optimizer(optimizer, params) if problem is None else (None, None)
         problem = problem or bind_problem
         source = params if sharded or problem is not None else from_arrays(params)  # what fill makes values from
         problem = problem or precision.device_problem(source.device, self.config.param_dtype)
@@ -335,7 +335,7 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
             for index, group in enumerate(states.in_turn(self.groups)):
                 if index == 1:  # the first group written back, the others not yet
                     faults.maybe_kill("update", self.step_count, self.comm.Get_rank())
-                group.update(self.bound.rule, hyper, self.step_count)
+                group.update(self.bound.rule, hyper, self.step_count, self.collectives)
                 group.publish(self.collectives)
                 if group.place.reads_in:  # its states read in, the group before's dropped: count both
                     self._sample_after(range(max(index - 1, 0), index + 1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from mpizero.comm import agree
 from mpizero.core.optim import OPTIMIZERS, BoundOptimizer, binding
+from mpizero.core.sharded_init import ShardedInit
 
 
 class HyperAgreement:
@@ -48,11 +49,12 @@ class HyperAgreement:
         )
 
 
-def bind_optimizer(optimizer, names: list[str]) -> tuple[BoundOptimizer | None, str | None]:
-    """The optimizer bound to the tensors, or the problem (another kind of object, or parameter groups that do not
-    cover the tensors exactly once)."""
+def bind_optimizer(optimizer, params) -> tuple[BoundOptimizer | None, str | None]:
+    """The optimizer bound to the tensors of ``params``, or the problem (another kind of object, parameter groups
+    that do not cover the tensors exactly once, a Muon group holding a tensor that is not a matrix)."""
+    shapes = params.shapes if isinstance(params, ShardedInit) else {n: tuple(a.shape) for n, a in params.items()}
     try:
-        return BoundOptimizer(optimizer, names), None
+        return BoundOptimizer(optimizer, list(shapes), shapes), None
     except AttributeError:
         kind = type(optimizer).__name__
         own = ", ".join(f"mpizero.{o.__name__}" for o in OPTIMIZERS.values())

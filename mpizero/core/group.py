@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpizero.arrays import to_host
+from mpizero.core import whole_matrices
 from mpizero.core.gradients import GroupGradients
 from mpizero.core.layout import FlatLayout, TensorSpec
 from mpizero.core.optim.update import apply_step
@@ -195,6 +196,7 @@ class FlatGroup:
             else:
                 runs.append([group, lo, hi])
         self.optimizer_runs = [tuple(run) for run in runs]  # (parameter group, start, stop), owned-relative
+        self.tensor_groups = [param_group_of[spec.name] for spec in self.layout.specs]
 
     def gather(self, collectives, blocking: bool = True, out=None) -> None:
         """Start making the full params exist (all-gather at stage 3); finish at once if blocking.
@@ -234,8 +236,12 @@ class FlatGroup:
             self.full_params = None
             self.state = ParamState.SHARDED
 
-    def update(self, rule, hyper: tuple, step: int) -> None:
-        """Apply one optimizer step to the master shard, each run with its parameter group's ``hyper``."""
+    def update(self, rule, hyper: tuple, step: int, collectives) -> None:
+        """Apply one optimizer step to the master shard, each run with its parameter group's ``hyper``; a rule
+        that needs whole matrices (Muon) goes through ``whole_matrices`` (collective)."""
+        if hasattr(rule, "orthogonalize"):
+            whole_matrices.update(self, rule, hyper, step, collectives)
+            return
         master, optimizer_state = self.master_shard, self.optimizer_state
         for group, lo, hi in self.optimizer_runs:
             state = {name: a[lo:hi] for name, a in optimizer_state.items()}

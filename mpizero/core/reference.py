@@ -53,7 +53,10 @@ class Reference:
     ) -> None:
         self.xp = array_module(next(iter(params.values())))
         self.params = {name: self.xp.array(a, dtype=np.float32) for name, a in params.items()}
-        self.optimizer, self.reduction = BoundOptimizer(optimizer, list(self.params)), reduction
+        self.optimizer, self.reduction = (
+            BoundOptimizer(optimizer, list(self.params), {n: p.shape for n, p in self.params.items()}),
+            reduction,
+        )
         self.param_dtype, self.clip_norm, self.on_nonfinite = np.dtype(param_dtype), clip_norm, on_nonfinite
         names = self.optimizer.state_names
         self.state = {n: {s: self.xp.zeros_like(p) for s in names} for n, p in self.params.items()}
@@ -82,8 +85,11 @@ class Reference:
         self.step_count += 1
         hyper = self.optimizer.snapshot()
         for name, grad in grads.items():
-            group = hyper[self.optimizer.group_of[name]]
-            apply_step(self.optimizer.rule, group, self.step_count, self.params[name], grad, self.state[name])
+            group, rule = hyper[self.optimizer.group_of[name]], self.optimizer.rule
+            if hasattr(rule, "orthogonalize") and rule.whole(group):  # Muon: the matrix is whole here already
+                rule.whole_step(group, self.step_count, self.params[name], grad, self.state[name])
+            else:
+                apply_step(rule, group, self.step_count, self.params[name], grad, self.state[name])
         return True
 
     def _learn_scales(self, contributions: Sequence[Mapping]) -> None:

@@ -170,7 +170,7 @@ def formula_setups(units: list[Run], ranks: int, precision: str, reduction: str,
 
     ``units``: the model's units as runs of alike ones (an entry's ``unit_runs``), so no size takes long.
     """
-    states = len(OPTIMIZERS[optimizer]().state_names)
+    states = OPTIMIZERS[optimizer].states_per_element()
     param_bytes = PRECISIONS[precision].param_dtype.itemsize
     wire_bytes, round_bytes = REDUCTIONS[reduction].wire_dtype.itemsize, REDUCTIONS[reduction].round_dtype.itemsize
     for stage in STAGES:

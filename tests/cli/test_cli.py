@@ -42,7 +42,7 @@ def test_example_other_stages(stage):
     "n, optimizer",
     [(n, "adam") for n in WORLD_SIZES]
     + [(n, o) for n in (2, 3) for o in ("sgd", "adamw")]
-    + [(3, "lion"), (4, "lion")],
+    + [(3, "lion"), (4, "lion"), (2, "muon"), (4, "muon")],
 )
 def test_verify_is_bitwise_at_every_stage(n, optimizer):
     out = run_mpi_ok(n, ["-m", "mpizero", "verify", "--optimizer", optimizer, "--micro-batches", "5"])

@@ -4,10 +4,12 @@ parameter groups cover every tensor once, and their hyper-parameters are read, c
 import numpy as np
 import pytest
 
-from mpizero import SGD, Adam, AdamW, Lion, Partition
-from mpizero.core.optim import BoundOptimizer, binding, device_update, optimizers, oracle
+from mpizero import SGD, Adam, AdamW, Lion, Muon, Partition, Reference
+from mpizero.core import whole_matrices
+from mpizero.core.optim import BoundOptimizer, binding, device_update, oracle
 from mpizero.core.optim.adam import AdamHyper, AdamRule, documented_adam, documented_adamw
 from mpizero.core.optim.lion import LionHyper, LionRule
+from mpizero.core.optim.muon import COEFFICIENTS, newton_schulz
 from mpizero.core.optim.oracle import DocumentedOptimizer
 from mpizero.core.optim.sgd import SGDHyper, SGDRule, documented_sgd
 from mpizero.core.optim.update import apply_step
@@ -98,7 +100,7 @@ def test_optimizers_follow_torch_documented_algorithm_over_many_steps(name, opti
     rng = np.random.default_rng(7)
     param = rng.standard_normal(257).astype(np.float32)
     state = {n: np.zeros(257, np.float32) for n in optimizer.state_names}
-    documented = DocumentedOptimizer(optimizers.OPTIMIZERS[name], {"p": param}, optimizer.defaults, clip_norm=None)
+    documented = DocumentedOptimizer(optimizer, {"p": param}, clip_norm=None)
     for step in range(1, 51):
         grad = (rng.standard_normal(257) * (1.0 + 0.5 * np.sin(step))).astype(np.float32)
         one_update(optimizer, param, grad, state, step)
@@ -269,3 +271,58 @@ def test_lions_sign_is_numpys_in_the_kernels_c_spelling():
     for x in np.array([2.5, -1e-45, 0.0, -0.0, np.nan, -np.inf], np.float32):
         spelled = 1.0 if x > 0 else -1.0 if x < 0 else 0.0 if x == 0 else x  # the C expression, in Python
         assert np.float32(spelled).tobytes() == np.sign(x).tobytes(), x
+
+
+# Muon: each matrix orthogonalised whole (Newton-Schulz), AdamW beside it.
+
+
+def independent_newton_schulz(g, steps=5, coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7):
+    """torch.optim.Muon's documented iteration, written apart from mpizero's: the polynomial expanded term by term,
+    the tall case by the transpose of the wide one's result."""
+    if g.shape[0] > g.shape[1]:
+        return independent_newton_schulz(g.T, steps, coefficients, eps).T
+    a, b, c = coefficients
+    x = g / max(np.sqrt((g * g).sum()), eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + b * (gram @ x) + c * (gram @ (gram @ x))
+    return x
+
+
+@pytest.mark.parametrize("shape", [(16, 24), (24, 16), (7, 7), (1, 5)])
+def test_newton_schulz_is_the_documented_iteration(shape):
+    g = np.random.default_rng(shape[0]).standard_normal(shape)
+    expected = independent_newton_schulz(g)
+    in_float64 = newton_schulz(g, COEFFICIENTS, 5, 1e-7)
+    assert np.abs(in_float64 - expected).max() <= 1e-10 * np.abs(expected).max()
+    in_float32 = newton_schulz(g.astype(np.float32), COEFFICIENTS, 5, 1e-7)
+    assert in_float32.dtype == np.float32 and np.abs(in_float32 - expected).max() <= 1e-5 * np.abs(expected).max()
+
+
+def test_muon_follows_its_documented_algorithm_with_adamw_beside_it():
+    """Muon on a matrix, AdamW on a vector (``use_muon=False``), 30 steps against the float64 documented step."""
+    rng = np.random.default_rng(3)
+    params = {"w": rng.standard_normal((16, 24)).astype(np.float32), "b": rng.standard_normal(24).astype(np.float32)}
+    optimizer = Muon([{"params": ["w"]}, {"params": ["b"], "use_muon": False, "lr": 3e-3}], lr=0.02)
+    reference = Reference({n: p.copy() for n, p in params.items()}, optimizer)
+    documented = DocumentedOptimizer(optimizer, params, clip_norm=None)
+    for _ in range(30):
+        grads = {n: rng.standard_normal(p.shape).astype(np.float32) for n, p in params.items()}
+        reference.step([grads])
+        documented.step(grads)
+    for name, value in reference.params.items():
+        expected = documented.params[name]
+        assert np.abs(value - expected).max() <= 1e-5 * np.abs(expected).max(), name
+
+
+def test_muon_matrices_go_to_owners_whole_largest_first_to_the_least_loaded():
+    assert whole_matrices.owners([10, 40, 30, 20], 2) == [0, 0, 1, 1]  # 40 | 30; 20 to rank 1, 10 to rank 0: 50 each
+    assert whole_matrices.owners([5, 5, 5], 4) == [0, 1, 2]
+    assert whole_matrices.owners([], 3) == []
+
+
+def test_a_vector_in_a_muon_group_is_refused_when_bound():
+    optimizer = Muon(lr=0.02)
+    with pytest.raises(ValueError, match=r"group 0: Muon orthogonalises 2-D matrices; 'b' has shape \[24\]"):
+        BoundOptimizer(optimizer, ["w", "b"], {"w": (16, 24), "b": (24,)})
+    assert Muon.states_per_element() == 3  # a model with vectors: momentum, and AdamW's two moments beside it

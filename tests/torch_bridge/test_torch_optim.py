@@ -108,6 +108,60 @@ def test_lions_decoupled_weight_decay_outside_its_groups_is_refused():
         shard(net, lion_pytorch.Lion(net.parameters(), lr=1e-3, decoupled_weight_decay=True), stage=2)
 
 
+def test_torchs_muon_trains_through_the_bridge_within_its_bfloat16_newton_schulz():
+    """torch.optim.Muon (2-D parameters only) on a bias-free model: the engine orthogonalises in float32, torch in
+    bfloat16, so they agree to bfloat16's rounding, not to float32's; its state dict is torch's."""
+    torch.manual_seed(0)
+
+    def make_net():
+        return torch.nn.Sequential(
+            torch.nn.Linear(8, 16, bias=False), torch.nn.ReLU(), torch.nn.Linear(16, 4, bias=False)
+        )
+
+    plain, ours = make_net(), make_net()
+    ours.load_state_dict(plain.state_dict())
+    opt_plain, opt_ours = torch.optim.Muon(plain.parameters(), lr=0.02), torch.optim.Muon(ours.parameters(), lr=0.02)
+    zero = shard(ours, opt_ours, stage=2)
+    for step in range(4):
+        x, y = micro_batch(step, 0)
+        for net, opt in ((plain, opt_plain), (ours, opt_ours)):
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        masters = zero.state_dict()
+        worst = max(((masters[k] - v).abs().max() / v.abs().max()).item() for k, v in plain.state_dict().items())
+        assert 0 < worst <= 1e-2, (step, worst)
+    assert sorted(opt_ours.state_dict()["state"][0]) == ["momentum_buffer"]
+    assert zero.engine.bound.type_name == "Muon"
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_mpizeros_muon_with_adamw_beside_it_trains_a_model_with_biases(stage):
+    """The reference recipes' split, by the parameters' names: Muon on the matrices, AdamW on the biases; the
+    same bytes at stage 0 and 3, each tensor's own states moving."""
+    results = []
+    for _ in range(2):
+        net = model()
+        matrices = [n for n, p in net.named_parameters() if p.dim() == 2]
+        biases = [n for n, p in net.named_parameters() if p.dim() < 2]
+        groups = [{"params": matrices}, {"params": biases, "use_muon": False, "lr": 3e-3}]
+        zero = shard(net, mpizero.Muon(groups, lr=0.02), stage=stage if not results else 3 - stage)
+        for step in range(3):
+            x, y = micro_batch(step, 0)
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            zero.step()
+            zero.zero_grad()
+        results.append({n: a.tobytes() for n, a in zero.engine.master_params().items()})
+        engine = zero.engine
+        momentum, moments = (
+            {k: v for i in range(len(engine.groups)) for k, v in engine.state_group(i, state).items()}
+            for state in ("momentum_buffer", "exp_avg")
+        )
+        assert all(momentum[n].any() and not moments[n].any() for n in matrices)
+        assert all(moments[n].any() and not momentum[n].any() for n in biases)
+    assert results[0] == results[1]
+
+
 def test_the_users_optimizer_reads_the_schedules_rate_and_its_state_dict_is_torchs():
     plain, ours = model(), model()
     opt_plain, opt_ours = (torch.optim.AdamW(net.parameters(), lr=1e-2) for net in (plain, ours))

@@ -25,6 +25,24 @@ class Optimizer:
     torch_counts_steps = False  # whether torch's state dict keeps a ``step`` per parameter
     verify_settings: dict = {}  # the hyper-parameters ``verify --optimizer`` trains with
 
+    @classmethod
+    def for_shapes(cls, shapes: dict, **defaults) -> Optimizer:
+        """The optimizer with ``defaults`` for tensors of these ``shapes`` (by name), grouped as its recipes group
+        them (one group here; Muon's splits off what is not a matrix): what ``verify`` and ``train`` build."""
+        return cls(**defaults)
+
+    @classmethod
+    def states_per_element(cls) -> int:
+        """The float32 states the engine keeps per element for this optimizer with its defaults, grouped as
+        ``for_shapes`` groups a model of matrices and other tensors (each state spans every owned element)."""
+        return len(cls.for_shapes({"matrix": (2, 2), "vector": (2,)}).state_names)
+
+    def hyper_by_tensor(self, names: list[str]) -> dict[str, dict]:
+        """Each tensor's hyper-parameters, from its parameter group (a group of None takes the rest)."""
+        listed = {n: g for g in self.param_groups if g["params"] is not None for n in g["params"]}
+        rest = next((g for g in self.param_groups if g["params"] is None), None)
+        return {n: {k: v for k, v in listed.get(n, rest).items() if k != "params"} for n in names}
+
     @staticmethod
     def torch_refusal(torch_optimizer) -> str | None:
         """What a torch optimizer of a class in ``torch_classes`` sets outside its parameter groups that the engine

@@ -8,6 +8,7 @@ bridge its ``torch_classes``, checkpoints its class name.
 
 from mpizero.core.optim.adam import Adam, AdamW
 from mpizero.core.optim.lion import Lion
+from mpizero.core.optim.muon import Muon
 from mpizero.core.optim.sgd import SGD
 
-OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "lion": Lion}
+OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "lion": Lion, "muon": Muon}

@@ -33,12 +33,14 @@ def clip_coefficient(grads: Mapping, max_norm: float) -> float:
 class DocumentedOptimizer:
     """Float64 parameters trained by the optimizer's documented algorithm from given averaged gradients."""
 
-    def __init__(self, optimizer: type, params: Mapping, hyperparameters: Mapping, clip_norm: float | None) -> None:
-        """``optimizer``: the optimizer's class, whose ``documented`` algorithm this runs (``sgd``, ``adam``)."""
-        if optimizer.documented is None:
-            raise ValueError(f"{optimizer.__name__} has no documented algorithm to check against")
-        self.algorithm, self.name = optimizer.documented, optimizer.__name__
-        self.hyperparameters, self.clip_norm = dict(hyperparameters), clip_norm
+    def __init__(self, optimizer, params: Mapping, clip_norm: float | None) -> None:
+        """``optimizer``: the engine's optimizer, whose class's ``documented`` algorithm this runs with each tensor's
+        hyper-parameters (its parameter group's, as they are now)."""
+        kind = type(optimizer)
+        if kind.documented is None:
+            raise ValueError(f"{kind.__name__} has no documented algorithm to check against")
+        self.algorithm, self.name, self.clip_norm = kind.documented, kind.__name__, clip_norm
+        self.hyperparameters = optimizer.hyper_by_tensor(list(params))
         self.params = {n: np.array(p, dtype=np.float64) for n, p in params.items()}
         self.state: dict[str, dict] = {n: {} for n in self.params}
         self.t = 0
@@ -51,4 +53,5 @@ class DocumentedOptimizer:
             grads = {n: g * coefficient for n, g in grads.items()}
         self.t += 1
         for name, theta in self.params.items():
-            self.params[name] = self.algorithm(theta, grads[name], self.state[name], self.t, **self.hyperparameters)
+            hyper = self.hyperparameters[name]
+            self.params[name] = self.algorithm(theta, grads[name], self.state[name], self.t, **hyper)
