@@ -66,6 +66,7 @@ DESCRIBED = {
     Operation.LOAD_OPTIMIZER_STATE_DICT: "called optimizer.load_state_dict()",
 }
 SHADOWED = (Operation.GATHER, Operation.REDUCE_ROUND)  # what joined ranks take part in
+PASSES = (*SHADOWED, Operation.JOINED, Operation.STEP, Operation.REDUCE)  # what uneven passes mismatch
 BY_GROUP = (*SHADOWED, Operation.REDUCE)  # operations on one group, named with it
 
 
@@ -106,10 +107,19 @@ class Announcer:
             what = DESCRIBED[Operation(op)] + (f" (group {group})" if op in BY_GROUP else "")
             by_what.setdefault(what, []).append(rank)
         seen = "; ".join(f"ranks {ranks} {what}" for what, ranks in by_what.items())
+        if {Operation(op) for op, _ in everyone} - set(PASSES):  # the usual cause: `if rank == 0:` around a call
+            fix = (
+                "a call only some ranks made must be made on every rank, not under `if rank == 0:` (each is "
+                "collective, as FSDP's full state dict is; use its result on one rank)"
+            )
+        else:
+            fix = (
+                "where ranks run different numbers of forward and backward passes in a step, run them inside "
+                "`with zero.join():` (or step(closure), which does), and call step() on every rank after it"
+            )
         raise ZeroError(
-            f"ranks started different collective operations: {seen}. Every rank must make the same calls in the "
-            "same order; where ranks run different numbers of forward and backward passes in a step, run them "
-            "inside `with zero.join():` (or step(closure), which does), and call step() on every rank after it"
+            f"ranks started different collective operations: {seen}. Every rank must make the same "
+            f"calls in the same order: {fix}"
         )
 
     def serve_joined(self, shadows: dict) -> None:

@@ -144,6 +144,18 @@ def check_mismatch():
         assert took < 20, took
     else:
         raise AssertionError("uneven passes without join() raised nothing")
+    # A call made on one rank only (torch.save(zero.state_dict()) under `if rank == 0:`): the hint names the call
+    # and says to make it on every rank; join() is no fix for it.
+    try:
+        if comm.rank == 0:
+            zero.state_dict()
+        zero.step()
+    except mpizero.ZeroError as error:
+        assert "ranks [0] called state_dict()" in str(error), error
+        assert "must be made on every rank, not under `if rank == 0:`" in str(error), error
+        assert "join()" not in str(error), error
+    else:
+        raise AssertionError("a state_dict() on one rank raised nothing")
     # Stages 0-1: forward and backward make no collective call, so uneven passes need no join(), even where the
     # ranks with more start their reductions in their last backward (each start announced, in the same order).
     model, zero = build("mlp", 1)
