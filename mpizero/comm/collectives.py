@@ -255,13 +255,13 @@ class Collectives:
         with self.watchdog.waiting(op), self.traffic.timed("agreement"):
             return call()
 
-    def reduce_scatter(self, send, recv, blocking: bool = True) -> Pending:
+    def reduce_scatter(self, send, recv, blocking: bool = True, counted_as: str = "reduce_scatter") -> Pending:
         """Sum ``send`` (world_size * len(recv) elements) over ranks; keep this rank's block.
 
         A ``send`` from ``shared_buffer`` is summed straight from shared memory; other large host
         buffers go in pieces (``reduce_scatter``); both blocking, as measured faster than one call.
         """
-        return self._run("reduce_scatter", send.nbytes, send, recv, blocking)
+        return self._run("reduce_scatter", send.nbytes, send, recv, blocking, counted_as)
 
     def reduce_scatter_add(self, send, total) -> None:
         """Add this rank's block of the sum of ``send`` over ranks into ``total`` (blocking; a ``reduce_scatter``)."""
@@ -269,10 +269,10 @@ class Collectives:
         self.reduce_scatter(send, block)
         total += block
 
-    def allreduce(self, send, recv, blocking: bool = True) -> Pending:
+    def allreduce(self, send, recv, blocking: bool = True, counted_as: str = "allreduce") -> Pending:
         """Sum ``send`` over ranks into ``recv`` on every rank; a ``send`` from ``shared_buffer`` is summed
         straight from shared memory (blocking), each rank adding every segment."""
-        return self._run("allreduce", send.nbytes, send, recv, blocking)
+        return self._run("allreduce", send.nbytes, send, recv, blocking, counted_as)
 
     def alltoall(self, send, recv, counted_as: str = "alltoall") -> None:
         """Send block r of ``send`` (world_size equal blocks) to rank r, whose ``recv`` holds every rank's block

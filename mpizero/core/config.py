@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,8 @@ class DiskOffload:
     directory: str
 
     def __post_init__(self) -> None:
+        if isinstance(self.directory, os.PathLike):
+            object.__setattr__(self, "directory", os.fspath(self.directory))
         if not isinstance(self.directory, str) or not self.directory:
             raise ValueError(f"DiskOffload needs a directory's path, got {self.directory!r}")
 

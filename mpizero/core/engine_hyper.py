@@ -54,7 +54,7 @@ def bind_optimizer(optimizer, params) -> tuple[BoundOptimizer | None, str | None
     that do not cover the tensors exactly once, a Muon group holding a tensor that is not a matrix)."""
     shapes = params.shapes if isinstance(params, ShardedInit) else {n: tuple(a.shape) for n, a in params.items()}
     try:
-        return BoundOptimizer(optimizer, list(shapes), shapes), None
+        return BoundOptimizer(optimizer, shapes), None
     except AttributeError:
         kind = type(optimizer).__name__
         own = ", ".join(f"mpizero.{o.__name__}" for o in OPTIMIZERS.values())

@@ -239,7 +239,7 @@ class FlatGroup:
     def update(self, rule, hyper: tuple, step: int, collectives) -> None:
         """Apply one optimizer step to the master shard, each run with its parameter group's ``hyper``; a rule
         that needs whole matrices (Muon) goes through ``whole_matrices`` (collective)."""
-        if hasattr(rule, "orthogonalize"):
+        if any(rule.whole(h) for h in hyper):
             whole_matrices.update(self, rule, hyper, step, collectives)
             return
         master, optimizer_state = self.master_shard, self.optimizer_state

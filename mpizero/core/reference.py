@@ -54,7 +54,7 @@ class Reference:
         self.xp = array_module(next(iter(params.values())))
         self.params = {name: self.xp.array(a, dtype=np.float32) for name, a in params.items()}
         self.optimizer, self.reduction = (
-            BoundOptimizer(optimizer, list(self.params), {n: p.shape for n, p in self.params.items()}),
+            BoundOptimizer(optimizer, {n: p.shape for n, p in self.params.items()}),
             reduction,
         )
         self.param_dtype, self.clip_norm, self.on_nonfinite = np.dtype(param_dtype), clip_norm, on_nonfinite
@@ -86,7 +86,7 @@ class Reference:
         hyper = self.optimizer.snapshot()
         for name, grad in grads.items():
             group, rule = hyper[self.optimizer.group_of[name]], self.optimizer.rule
-            if hasattr(rule, "orthogonalize") and rule.whole(group):  # Muon: the matrix is whole here already
+            if rule.whole(group):  # Muon: the matrix is whole here already
                 rule.whole_step(group, self.step_count, self.params[name], grad, self.state[name])
             else:
                 apply_step(rule, group, self.step_count, self.params[name], grad, self.state[name])

@@ -149,7 +149,7 @@ def test_documented_amsgrad_steps_with_the_largest_second_moment_so_far():
 
 def test_each_group_updates_its_tensors_with_its_own_hyper_parameters():
     optimizer = AdamW([{"params": ["w"]}, {"params": ["b"], "weight_decay": 0.0, "lr": 0.5}], lr=0.1)
-    bound = BoundOptimizer(optimizer, ["w", "b"])
+    bound = BoundOptimizer(optimizer, {"w": (3,), "b": (3,)})
     assert bound.group_of == {"w": 0, "b": 1}
     decay, plain = bound.snapshot()
     assert (decay.lr, decay.weight_decay, plain.lr, plain.weight_decay) == (0.1, 1e-2, 0.5, 0.0)
@@ -157,7 +157,7 @@ def test_each_group_updates_its_tensors_with_its_own_hyper_parameters():
 
 def test_a_group_without_params_takes_every_tensor_no_other_group_lists():
     optimizer = SGD([{"params": None}, {"params": ["b"], "lr": 0.0}], lr=0.1)
-    assert BoundOptimizer(optimizer, ["w", "b", "c"]).group_of == {"w": 0, "c": 0, "b": 1}
+    assert BoundOptimizer(optimizer, {"w": (3,), "b": (3,), "c": (3,)}).group_of == {"w": 0, "c": 0, "b": 1}
 
 
 @pytest.mark.parametrize(
@@ -171,12 +171,12 @@ def test_a_group_without_params_takes_every_tensor_no_other_group_lists():
 )
 def test_groups_must_cover_every_tensor_exactly_once(groups, message):
     with pytest.raises(ValueError, match=message):
-        BoundOptimizer(SGD(groups, lr=0.1), ["w", "b"])
+        BoundOptimizer(SGD(groups, lr=0.1), {"w": (3,), "b": (3,)})
 
 
 def test_a_schedule_changes_the_next_snapshot_and_its_digest():
     optimizer = AdamW(lr=0.1)
-    bound = BoundOptimizer(optimizer, ["w"])
+    bound = BoundOptimizer(optimizer, {"w": (3,)})
     before = bound.snapshot()
     optimizer.param_groups[0]["lr"] = 0.05
     after = bound.snapshot()
@@ -196,7 +196,7 @@ def test_a_schedule_changes_the_next_snapshot_and_its_digest():
 )
 def test_a_snapshot_refuses_what_the_engine_cannot_honour(change, message):
     optimizer = SGD(["w", "b"], lr=0.1, momentum=0.9)
-    bound = BoundOptimizer(optimizer, ["w", "b"])
+    bound = BoundOptimizer(optimizer, {"w": (3,), "b": (3,)})
     change(optimizer.param_groups)
     with pytest.raises(ValueError, match=message):
         bound.snapshot()
@@ -205,7 +205,7 @@ def test_a_snapshot_refuses_what_the_engine_cannot_honour(change, message):
 def test_hyper_parameters_given_as_numpy_or_torch_scalars_are_numbers():
     optimizer = Adam(lr=0.1)
     optimizer.param_groups[0].update(lr=np.float64(0.25), betas=(np.float32(0.5), 0.75))
-    (hyper,) = BoundOptimizer(optimizer, ["w"]).snapshot()
+    (hyper,) = BoundOptimizer(optimizer, {"w": (3,)}).snapshot()
     assert (hyper.lr, hyper.betas) == (0.25, (0.5, 0.75))
 
 
@@ -324,5 +324,20 @@ def test_muon_matrices_go_to_owners_whole_largest_first_to_the_least_loaded():
 def test_a_vector_in_a_muon_group_is_refused_when_bound():
     optimizer = Muon(lr=0.02)
     with pytest.raises(ValueError, match=r"group 0: Muon orthogonalises 2-D matrices; 'b' has shape \[24\]"):
-        BoundOptimizer(optimizer, ["w", "b"], {"w": (16, 24), "b": (24,)})
+        BoundOptimizer(optimizer, {"w": (16, 24), "b": (24,)})
     assert Muon.states_per_element() == 3  # a model with vectors: momentum, and AdamW's two moments beside it
+
+
+def test_an_owner_that_fails_to_orthogonalise_is_an_agreed_error(monkeypatch):
+    """Where the rank that owns a matrix fails (a device out of memory), every rank raises the same error before
+    the results travel, naming the matrix."""
+    from mpizero import ZeroEngine, ZeroError
+    from mpizero.core.optim.muon import MuonRule
+
+    def failing(direction, hyper):
+        raise MemoryError("out of memory")
+
+    engine = ZeroEngine({"w": np.ones((4, 6), np.float32)}, Muon(lr=0.02), stage=2)
+    monkeypatch.setattr(MuonRule, "orthogonalize", staticmethod(failing))
+    with pytest.raises(ZeroError, match=r"Muon's update: rank 0: orthogonalising 'w': MemoryError: out of memory"):
+        engine.step({"w": np.full((4, 6), 0.5, np.float32)})

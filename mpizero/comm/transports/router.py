@@ -30,8 +30,8 @@ class Router:
         return not is_device_array(a)
 
     def route(self, op: str, send, recv, arena, paths):
-        """The transport for ``op`` (``reduce_scatter``, ``allreduce``, ``allgather``) of ``send`` into ``recv``;
-        ``arena``: the node-shared arena ``send`` lies in, if any; ``paths``: the agreed paths now."""
+        """The transport for ``op`` (``reduce_scatter``, ``allreduce``, ``allgather``, ``alltoall``) of ``send``
+        into ``recv``; ``arena``: the node-shared arena ``send`` lies in, if any; ``paths``: the agreed paths now."""
         if self.local is not None:
             return self.local
         if not self.on_host(recv):

@@ -17,6 +17,7 @@ import numpy as np
 
 from mpizero.core.optim.hyper import check, check_betas, flag
 from mpizero.core.optim.optimizer import Optimizer
+from mpizero.core.optim.update import Rule
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class AdamHyper:
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if self.amsgrad else ("exp_avg", "exp_avg_sq")
 
 
-class AdamRule:
+class AdamRule(Rule):
     """torch.optim.Adam and AdamW: bias-corrected moments, L2 or decoupled weight decay, AMSGrad, maximize."""
 
     name = "Adam"

@@ -27,13 +27,13 @@ DIGEST_BITS = 52  # a digest exact in a float64, so ranks can agree on it in a m
 class BoundOptimizer:
     """Which group each tensor is in, the states each group keeps, and the hyper-parameters read at each step."""
 
-    def __init__(self, optimizer, names: list[str], shapes: dict | None = None) -> None:
-        """``shapes``: each tensor's shape by name, where the rule needs some tensors whole (``whole_matrices``)."""
-        self.optimizer, self.rule, self.names = optimizer, optimizer.rule, list(names)
+    def __init__(self, optimizer, shapes: dict) -> None:
+        """``shapes``: each tensor's shape by its name, in the engine's order."""
+        self.optimizer, self.rule, self.names = optimizer, optimizer.rule, list(shapes)
         self.members = self._members(optimizer.param_groups)
         self.group_of = {name: g for g, members in enumerate(self.members) for name in members}
         first = self.read()
-        self._check_whole(first, shapes or {})
+        self._check_whole(first, shapes)
         self.group_states = [h.state_names for h in first]
         self.state_names = tuple(dict.fromkeys(s for states in self.group_states for s in states))
         self.initial = first
@@ -64,10 +64,8 @@ class BoundOptimizer:
 
     def _check_whole(self, hyper: tuple, shapes: dict) -> None:
         """Raise ValueError naming a tensor of a whole-matrix group (Muon's) that is not a 2-D matrix."""
-        if not hasattr(self.rule, "orthogonalize"):
-            return
         for g, (h, members) in enumerate(zip(hyper, self.members)):
-            flat = [n for n in members if self.rule.whole(h) and len(shapes.get(n, (0, 0))) != 2]
+            flat = [n for n in members if self.rule.whole(h) and len(shapes[n]) != 2]
             if flat:
                 raise ValueError(
                     f"parameter group {g}: {self.rule.name} orthogonalises 2-D matrices; {flat[0]!r} has shape "

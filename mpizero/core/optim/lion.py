@@ -16,6 +16,7 @@ import numpy as np
 
 from mpizero.core.optim.hyper import check, check_betas, flag
 from mpizero.core.optim.optimizer import Optimizer
+from mpizero.core.optim.update import Rule
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class LionHyper:
         return ("exp_avg",)
 
 
-class LionRule:
+class LionRule(Rule):
     """``p = p * (1 - lr * wd) - lr * sign(beta1 * m + (1 - beta1) * g)``, then ``m = beta2 * m + (1 - beta2) * g``."""
 
     name = "Lion"

@@ -21,7 +21,7 @@ from mpizero.arrays import array_module
 from mpizero.core.optim.adam import AdamHyper, AdamRule, documented_adamw
 from mpizero.core.optim.hyper import check, check_betas, flag
 from mpizero.core.optim.optimizer import Optimizer
-from mpizero.core.optim.update import apply_step
+from mpizero.core.optim.update import Rule, apply_step
 
 COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the published quintic's (a, b, c)
 ADJUSTMENTS = (None, "original", "match_rms_adamw")
@@ -81,17 +81,20 @@ class MuonHyper:
 
 
 class MomentumPhase:
-    """Muon's first elementwise phase: ``B = momentum * B + g``; the direction ``g + momentum * B`` (Nesterov)
-    or ``B``."""
+    """Muon's first elementwise phase, as torch.optim.Muon's code (and Keller Jordan's) keeps its buffer, a running
+    average: ``B = momentum * B + (1 - momentum) * g``; the direction ``(1 - momentum) * g + momentum * B``
+    (Nesterov) or ``B``. (torch's documentation writes the sum ``momentum * B + g``: Newton-Schulz's
+    normalisation makes the same update of both, and the state dict holds torch's average.)"""
 
     @staticmethod
     def constants(hyper: MuonHyper, step: int) -> dict:
-        return {"momentum": hyper.momentum}
+        return {"momentum": hyper.momentum, "one_minus_momentum": 1.0 - hyper.momentum}
 
     @staticmethod
     def formula(ops, a: dict, c: dict, h: MuonHyper) -> dict:
-        buf = ops.add(ops.mul(a["momentum_buffer"], c["momentum"]), a["grad"])
-        direction = ops.add(a["grad"], ops.mul(buf, c["momentum"])) if h.nesterov else buf
+        fresh = ops.mul(a["grad"], c["one_minus_momentum"])
+        buf = ops.add(ops.mul(a["momentum_buffer"], c["momentum"]), fresh)
+        direction = ops.add(fresh, ops.mul(buf, c["momentum"])) if h.nesterov else buf
         return {"momentum_buffer": buf, "direction": direction}
 
 
@@ -109,7 +112,7 @@ class ApplyPhase:
         return {"param": ops.sub(p, a["orthogonal"])}
 
 
-class MuonRule:
+class MuonRule(Rule):
     """Muon on ``use_muon`` groups (each 2-D tensor's momentum orthogonalised whole), AdamW on the others."""
 
     name = "Muon"
@@ -163,13 +166,14 @@ def newton_schulz(g, coefficients, steps: int, eps: float):
 
 
 def documented_muon(theta, g, state: dict, t: int, *, use_muon=True, **hyper):
-    """One step of torch.optim.Muon's documented algorithm (float64), or AdamW's for a ``use_muon=False`` group."""
+    """One step of torch.optim.Muon's algorithm (float64; its buffer the running average its code keeps), or
+    AdamW's for a ``use_muon=False`` group."""
     if not use_muon:
         adam = {"lr": hyper["lr"], "betas": hyper["betas"], "eps": hyper["adam_eps"]}
         return documented_adamw(theta, g, state, t, weight_decay=hyper["weight_decay"], **adam)
     momentum, lr = hyper["momentum"], hyper["lr"]
-    state["b"] = momentum * state.get("b", 0.0) + g
-    b_tilde = g + momentum * state["b"] if hyper["nesterov"] else state["b"]
+    state["b"] = momentum * state.get("b", 0.0) + (1.0 - momentum) * g  # torch's code: buf.lerp_(grad, 1 - momentum)
+    b_tilde = (1.0 - momentum) * g + momentum * state["b"] if hyper["nesterov"] else state["b"]
     a, b, c = hyper["ns_coefficients"]
     x = b_tilde.T if b_tilde.shape[0] > b_tilde.shape[1] else b_tilde
     x = x / max(np.sqrt(np.sum(x * x)), hyper["eps"])
@@ -198,8 +202,9 @@ class Muon(Optimizer):
 
     @classmethod
     def for_shapes(cls, shapes: dict, **defaults) -> Muon:
-        """Muon on the 2-D tensors, AdamW (``use_muon=False``) on the rest, as the reference recipes split them."""
+        """Muon on every 2-D tensor, AdamW (``use_muon=False``) on the rest: what ``train`` and ``verify`` use.
+        Reference recipes also keep embeddings and heads on AdamW: give such groups by name yourself."""
         matrices = [n for n, shape in shapes.items() if len(shape) == 2]
-        rest = [n for n in shapes if n not in set(matrices)]
+        rest = [n for n, shape in shapes.items() if len(shape) != 2]
         groups = [{"params": matrices}] + ([{"params": rest, "use_muon": False}] if rest else [])
         return cls(groups, **defaults)

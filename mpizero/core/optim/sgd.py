@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from mpizero.core.optim.hyper import check, flag
 from mpizero.core.optim.optimizer import Optimizer
+from mpizero.core.optim.update import Rule
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class SGDHyper:
         return ("momentum_buffer",) if self.momentum else ()
 
 
-class SGDRule:
+class SGDRule(Rule):
     """torch.optim.SGD: momentum (the buffer starts at the first gradient), dampening, Nesterov, L2 decay."""
 
     name = "SGD"

@@ -19,6 +19,20 @@ import numpy as np
 from mpizero.arrays import CHUNK, array_module
 from mpizero.core.optim import device_update
 
+
+class Rule:
+    """What every optimizer's update rule offers: ``name``, ``hyper_type``, ``constants(hyper, step)`` and
+    ``formula(ops, arrays, c, hyper)``; ``whole(hyper)``: whether a group with ``hyper`` needs each tensor whole
+    between two elementwise phases (Muon's, ``core/whole_matrices``), which an elementwise rule never does."""
+
+    name = ""
+    hyper_type = None
+
+    @staticmethod
+    def whole(hyper) -> bool:
+        return False
+
+
 NUMPY_OPS = SimpleNamespace(
     add=np.add,
     sub=np.subtract,

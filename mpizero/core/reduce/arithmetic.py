@@ -185,6 +185,8 @@ def device_encode(cupy, total, x, k: int, lo: int, hi: int, assign: bool):
     scalars, so no host synchronisation happens here. A float32 ``total`` is a wire buffer: written (``assign``)
     with the rounded values, to be widened at the owner (``device_widen``)."""
     if total.dtype == np.float32:
+        if not assign:
+            raise ValueError("a float32 wire buffer holds one contribution: it is written, never added to")
         kernels(cupy).wire(x, k, lo, hi, total)
     else:
         (kernels(cupy).assign if assign else kernels(cupy).add)(x, k, lo, hi, total)

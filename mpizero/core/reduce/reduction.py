@@ -96,7 +96,10 @@ class ExactReduction:
             total[...] = 0
         xp = array_module(total)
         for block in blocks:
-            kernels.widen(block, total) if xp is np else arithmetic.device_widen(xp, block, total)
+            if xp is np:
+                kernels.widen(block, total)
+            else:
+                arithmetic.device_widen(xp, block, total)
 
     def decode(self, reduced, scale: int, count: int, out) -> None:
         exact.decode(reduced, scale, count, out)
