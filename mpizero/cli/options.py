@@ -43,6 +43,16 @@ def whole(minimum: int, maximum: int = MAX_WHOLE):
     return parse
 
 
+def wholes(minimum: int, maximum: int = MAX_WHOLE):
+    """An argparse type: whole numbers in ``[minimum, maximum]``, separated by commas (``3,120``)."""
+    one = whole(minimum, maximum)
+
+    def parse(text: str) -> list[int]:
+        return [one(part) for part in text.split(",")]
+
+    return parse
+
+
 def path(text: str) -> str:
     """An argparse type: a file or directory path, refused where empty (it names no place) or holding a NUL."""
     if not text or "\0" in text:

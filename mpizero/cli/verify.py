@@ -34,6 +34,7 @@ NATIVE_TOLERANCE = 1e-4
 # relative max-norm; float32 rounding drifts by up to ~2e-8 per step (README, "What verify checks")
 SEMANTICS_TOLERANCE, SEMANTICS_TOLERANCE_PER_STEP = 1e-5, 1e-7
 MICRO_BATCHES_PER_RANK = 3  # so a rank that loses one of its own micro-batches is caught
+JUMP_STEP, JUMP = 3, 8  # by default step 3 has 8 times the micro-batches: its scale prediction misses, it is redone
 # relative max-norm between the averaged mixed-precision gradients and the same step computed in fp32: fp16 stores
 # each gradient with an 11-bit significand (relative error up to 2**-11 = 4.9e-4); bf16 keeps gradients in fp32
 GRADIENT_TOLERANCE = {"fp16": 2e-3, "bf16": 1e-5}
@@ -49,7 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add(parser, "precision", "reduction")
     options.add(parser, "steps", default=10, help="steps, each compared with the reference")
     options.add(parser, "seed")
-    options.add(parser, "micro_batches", default=None, help="micro-batches per step, all ranks (default: 3 per rank)")
+    parser.add_argument(
+        "--micro-batches",
+        type=options.wholes(1),
+        default=None,
+        help="micro-batches per step, all ranks; a list (3,120) cycles step by step (default: 3 per rank, and "
+        f"{JUMP} times as many at step {JUMP_STEP}, so a step whose scale prediction misses is redone)",
+    )
     parser.add_argument("--batch", type=options.whole(1), default=8, help="samples per micro-batch")
     options.add(parser, "clip_norm")
     options.add(parser, "bucket_elems", default=500)
@@ -123,7 +130,6 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool, CommPaths]:
     """Train ``args.steps`` steps at ``stage``; return rank 0's line, whether every check passed, and its paths."""
     rank, size = comm.Get_rank(), comm.Get_size()
     model = build_model(args.model)
-    micro_batches = MICRO_BATCHES_PER_RANK * size if args.micro_batches is None else args.micro_batches
     xp = device_module(args.device)
     precision = PRECISIONS[args.precision]
     engine, trainer, reference, documented = build_runs(stage, args, comm, model, precision)
@@ -131,6 +137,7 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool, CommPaths]:
     worst, first_mismatch, semantics = 0.0, None, SemanticsRecord.for_steps(args.steps)
     gradients = SemanticsRecord(GRADIENT_TOLERANCE[args.precision]) if args.precision in GRADIENT_TOLERANCE else None
     for step in range(1, args.steps + 1):
+        micro_batches = micro_batches_at(step, args.micro_batches, size)
         batches = [to_device(synthetic_batch(model, args.seed, step, m, args.batch), xp) for m in range(micro_batches)]
         engine.collectives.traffic.clear()
         trainer.step(batches.__getitem__, micro_batches)
@@ -163,6 +170,13 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool, CommPaths]:
             ok and gradients_ok,
         )
     return line, ok, engine.collectives.paths
+
+
+def micro_batches_at(step: int, counts: list[int] | None, size: int) -> int:
+    """Step ``step``'s micro-batches over all ranks: ``counts`` cycled, or the default (``JUMP_STEP``)."""
+    if counts is not None:
+        return counts[(step - 1) % len(counts)]
+    return MICRO_BATCHES_PER_RANK * size * (JUMP if step == JUMP_STEP else 1)
 
 
 def build_runs(stage: int, args, comm, model, precision):

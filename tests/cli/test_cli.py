@@ -98,6 +98,14 @@ def test_train_finds_its_data_from_a_directory_holding_another_mpizero(tmp_path)
     assert "held-out accuracy" in done.stdout
 
 
+@pytest.mark.parametrize("args, redone", [([], "2"), (["--micro-batches", "3,120", "--scale-headroom", "0"], "3")])
+def test_verify_redoes_a_step_whose_micro_batches_jump_and_stays_bitwise(args, redone):
+    """By default step 3 has 8 times the micro-batches: its scale prediction misses and it is redone (as is step 1,
+    which has none); a list cycles the counts, here 40-fold up and down."""
+    out = run_mpi_ok(2, ["-m", "mpizero", "verify", "--stage", "2", "--steps", "4", *args])
+    assert f"redone {redone}  " in out and ": bitwise; optimizer semantics within" in out, out
+
+
 def test_verify_is_bitwise_when_most_elements_go_beyond_the_predicted_cap():
     """No headroom: most steps hold elements beyond the cap and add them at a coarser scale; every step is exact,
     and none is redone but the first (it measures)."""

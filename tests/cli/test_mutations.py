@@ -43,6 +43,13 @@ MUTATIONS = {
         2,
         ["--stage", "1", "--optimizer", "adamw"],
     ),
+    "the redo of a step whose scale prediction missed, disabled": (
+        "core/reduce/scales.py",
+        "return predict(largest, count, headroom), prediction is not None",
+        "return predict(largest, count, headroom), False",
+        2,
+        ["--stage", "2", "--micro-batches", "3,120", "--scale-headroom", "0"],  # 40 times the micro-batches at step 2
+    ),
     "padding of the parameters not zeroed": (
         "core/group.py",
         "held = xp.zeros(held_stop - held_start, dtype=np.float32)  # the padding stays zero",
