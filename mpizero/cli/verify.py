@@ -34,7 +34,9 @@ NATIVE_TOLERANCE = 1e-4
 # relative max-norm; float32 rounding drifts by up to ~2e-8 per step (README, "What verify checks")
 SEMANTICS_TOLERANCE, SEMANTICS_TOLERANCE_PER_STEP = 1e-5, 1e-7
 MICRO_BATCHES_PER_RANK = 3  # so a rank that loses one of its own micro-batches is caught
-JUMP_STEP, JUMP = 3, 8  # by default step 3 has 8 times the micro-batches: its scale prediction misses, it is redone
+# By default step 2 has one micro-batch in all and step 3 four per rank: the count jumps past what step 2's scale
+# prediction holds (three), so step 3 is redone, at about the cost of two ordinary steps.
+SMALL_STEP, JUMP_STEP, JUMP_PER_RANK = 2, 3, 4
 # relative max-norm between the averaged mixed-precision gradients and the same step computed in fp32: fp16 stores
 # each gradient with an 11-bit significand (relative error up to 2**-11 = 4.9e-4); bf16 keeps gradients in fp32
 GRADIENT_TOLERANCE = {"fp16": 2e-3, "bf16": 1e-5}
@@ -54,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--micro-batches",
         type=options.wholes(1),
         default=None,
-        help="micro-batches per step, all ranks; a list (3,120) cycles step by step (default: 3 per rank, and "
-        f"{JUMP} times as many at step {JUMP_STEP}, so a step whose scale prediction misses is redone)",
+        help="micro-batches per step, all ranks; a list (3,120) cycles step by step (default: 3 per rank, but 1 in all "
+        f"at step {SMALL_STEP} and {JUMP_PER_RANK} per rank at step {JUMP_STEP}, so a missed scale is redone)",
     )
     parser.add_argument("--batch", type=options.whole(1), default=8, help="samples per micro-batch")
     options.add(parser, "clip_norm")
@@ -176,7 +178,9 @@ def micro_batches_at(step: int, counts: list[int] | None, size: int) -> int:
     """Step ``step``'s micro-batches over all ranks: ``counts`` cycled, or the default (``JUMP_STEP``)."""
     if counts is not None:
         return counts[(step - 1) % len(counts)]
-    return MICRO_BATCHES_PER_RANK * size * (JUMP if step == JUMP_STEP else 1)
+    if step == SMALL_STEP:
+        return 1
+    return (JUMP_PER_RANK if step == JUMP_STEP else MICRO_BATCHES_PER_RANK) * size
 
 
 def build_runs(stage: int, args, comm, model, precision):

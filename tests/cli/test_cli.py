@@ -100,8 +100,8 @@ def test_train_finds_its_data_from_a_directory_holding_another_mpizero(tmp_path)
 
 @pytest.mark.parametrize("args, redone", [([], "2"), (["--micro-batches", "3,120", "--scale-headroom", "0"], "3")])
 def test_verify_redoes_a_step_whose_micro_batches_jump_and_stays_bitwise(args, redone):
-    """By default step 3 has 8 times the micro-batches: its scale prediction misses and it is redone (as is step 1,
-    which has none); a list cycles the counts, here 40-fold up and down."""
+    """By default step 2 has one micro-batch and step 3 four per rank: step 3's scale prediction misses and it is
+    redone (as is step 1, which has none); a list cycles the counts, here 40-fold up and down."""
     out = run_mpi_ok(2, ["-m", "mpizero", "verify", "--stage", "2", "--steps", "4", *args])
     assert f"redone {redone}  " in out and ": bitwise; optimizer semantics within" in out, out
 
