@@ -37,12 +37,6 @@ class Optimizer:
         ``for_shapes`` groups a model of matrices and other tensors (each state spans every owned element)."""
         return len(cls.for_shapes({"matrix": (2, 2), "vector": (2,)}).state_names)
 
-    def hyper_by_tensor(self, names: list[str]) -> dict[str, dict]:
-        """Each tensor's hyper-parameters, from its parameter group (a group of None takes the rest)."""
-        listed = {n: g for g in self.param_groups if g["params"] is not None for n in g["params"]}
-        rest = next((g for g in self.param_groups if g["params"] is None), None)
-        return {n: {k: v for k, v in listed.get(n, rest).items() if k != "params"} for n in names}
-
     @staticmethod
     def torch_refusal(torch_optimizer) -> str | None:
         """What a torch optimizer of a class in ``torch_classes`` sets outside its parameter groups that the engine

@@ -21,6 +21,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from mpizero.core.optim.binding import BoundOptimizer
+from mpizero.core.optim.hyper import as_dict
+
 CLIP_EPS = 1e-6  # clip_grad_norm_: clip_coef = max_norm / (total_norm + 1e-6)
 
 
@@ -40,7 +43,9 @@ class DocumentedOptimizer:
         if kind.documented is None:
             raise ValueError(f"{kind.__name__} has no documented algorithm to check against")
         self.algorithm, self.name, self.clip_norm = kind.documented, kind.__name__, clip_norm
-        self.hyperparameters = optimizer.hyper_by_tensor(list(params))
+        bound = BoundOptimizer(optimizer, {n: np.shape(p) for n, p in params.items()})  # each tensor's group
+        hyper = bound.read()
+        self.hyperparameters = {n: as_dict(hyper[bound.group_of[n]]) for n in params}
         self.params = {n: np.array(p, dtype=np.float64) for n, p in params.items()}
         self.state: dict[str, dict] = {n: {} for n in self.params}
         self.t = 0
