@@ -1,21 +1,22 @@
-"""mpizero against PyTorch DDP, FSDP2 and DeepSpeed ZeRO 1-3 (gloo) on the same MLP, optimizer, batch and threads.
+"""mpizero against PyTorch DDP, FSDP2 and DeepSpeed ZeRO 1-3 (gloo) on the same model, optimizer, batch and threads.
 
-Run: python benchmarks/bench_peers.py --ranks 2   (the peers need torch and DeepSpeed: pip install -e ".[peers]"
-after the CPU build of torch; a configuration whose framework is not installed is skipped and says why)
-Model: ``--layers`` Linear(width, width) layers with ReLU between, MSE loss, Adam (lr 1e-4),
-global batch ``--batch``, fp32, one thread per rank. Each configuration runs once per ``--micro-batches`` count
-(backward passes per rank and step), each run in its own ``mpiexec -n RANKS`` job; the table gives, per count,
-the median step time after warm-up and its ratio to DDP's, then, for the first count, the largest peak RSS of any
-rank and the largest peak RSS above that rank's RSS once torch was imported and the model built (what the training
-state costs), and of that, the other ranks' shared-memory gradient sums an ``mpizero`` rank maps during a step
-(its RSS counts those pages, but they are the other ranks', held once on the host). ``--json PATH`` appends
-each run's result as one JSON line as soon as it ends.
+Run: python benchmarks/bench_peers.py --ranks 2 [--model gpt]   (the peers need torch and DeepSpeed: pip install -e
+".[peers]" after the CPU build of torch; a configuration whose framework is not installed is skipped and says why)
+Model (``peers_models``): ``--model mlp``, the stress row, ``--layers`` Linear(width, width) layers with ReLU
+between and MSE loss; ``--model gpt``, the transformer row, transformers' GPT-2 from a config with next-token
+loss. Adam (lr 1e-4), global batch ``--batch``, fp32, one thread per rank. Each configuration runs once per
+``--micro-batches`` count (backward passes per rank and step), each run in its own ``mpiexec -n RANKS`` job; the
+table gives, per count, the median step time after warm-up and its ratio to DDP's, then, for the first count, the
+largest peak RSS of any rank and the largest peak RSS above that rank's RSS once torch was imported and the model
+built (what the training state costs), and of that, the other ranks' shared-memory gradient sums an ``mpizero``
+rank maps during a step (its RSS counts those pages, but they are the other ranks', held once on the host).
+``--json PATH`` appends each run's result as one JSON line as soon as it ends.
 
-Accumulation as each framework's users do it: DDP under ``no_sync()`` but for
-the last micro-batch; FSDP2 reduce-scatters every micro-batch (its default);
-DeepSpeed with its own ``gradient_accumulation_steps``, ``engine.backward`` and ``engine.step()`` per micro-batch;
-``mpizero.torch`` streams the gradients through ``step(closure)``; the engine-only ``mpizero-N-*`` configurations
-(NumPy MLP) hand the trainer the micro-batches.
+Accumulation as each framework's users do it: DDP (``gradient_as_bucket_view=True``, its best setting) under
+``no_sync()`` but for the last micro-batch; FSDP2 (each block a unit, as mpizero stage 3) reduce-scatters every
+micro-batch (its default); DeepSpeed with its own ``gradient_accumulation_steps``, ``engine.backward`` and
+``engine.step()`` per micro-batch; ``mpizero.torch`` streams the gradients through ``step(closure)``; the
+engine-only ``mpizero-N-*`` configurations (NumPy MLP) hand the trainer the micro-batches.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import peers_gpt2
+import peers_models
 import roofline
 from bench_bandwidth import bandwidth, bandwidth_line
 
@@ -71,9 +73,11 @@ WARMUP = 2  # steps left out of the median
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--width", type=int, default=2048)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--model", choices=sorted(peers_models.DEFAULTS), default="mlp", help="see peers_models")
+    parser.add_argument("--width", type=int, default=None, help="default: 2048 (mlp), 512 (gpt)")
+    parser.add_argument("--layers", type=int, default=None, help="default: 4")
+    parser.add_argument("--batch", type=int, default=None, help="global rows (mlp) or sequences (gpt) a step")
+    parser.add_argument("--seq", type=int, default=256, help="the GPT's sequence length")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument(
         "--micro-batches", type=int, nargs="+", default=[8, 1], help="backward passes per rank and step: one run each"
@@ -86,6 +90,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--result-file", default=None, help=argparse.SUPPRESS)  # where a worker's rank 0 writes
     args = parser.parse_args()
+    for option, default in peers_models.DEFAULTS[args.model].items():
+        setattr(args, option, default if getattr(args, option) is None else getattr(args, option))
     if args.steps <= WARMUP:
         parser.error(f"--steps {args.steps}: at least {WARMUP + 1} (the first {WARMUP} are warm-up)")
     return args
@@ -96,32 +102,29 @@ def framework(config: str) -> str:
     return config.split("-")[0]
 
 
-def missing(config: str) -> str | None:
-    """Why ``config`` cannot run here (its framework is not installed), or None when it can."""
+def missing(config: str, model: str) -> str | None:
+    """Why ``config`` cannot run here on ``model`` (not built for it, or its framework not installed), or None."""
+    if model != "mlp" and framework(config) == "mpizero":
+        return "the engine-only configurations train the NumPy MLP only"
+    if model == "gpt" and framework(config) != "gpt2" and importlib.util.find_spec("transformers") is None:
+        return "transformers is not installed (the GPT row builds transformers' GPT-2 from a config)"
     module = NEEDS.get(framework(config))
     if module and importlib.util.find_spec(module) is None:
         return f'{module} is not installed (pip install -e ".[peers]" after the CPU build of torch)'
     return None
 
 
-def local_batch(args, rank: int, size: int, step: int):
-    rng = np.random.default_rng([step, rank])
-    per_rank = args.batch // size
-    x = rng.standard_normal((per_rank, args.width)).astype(np.float32)
-    return x, np.tanh(x[:, ::-1]).copy()
-
-
 def engine_micro_batch(args, size: int, step: int, m: int):
     """Global micro-batch ``m`` of the step: piece ``m % k`` of rank ``m // k``'s batch (``k`` per rank)."""
     k = args.micro_batches
-    return tuple(np.array_split(t, k)[m % k] for t in local_batch(args, m // k, size, step))
+    return tuple(np.array_split(t, k)[m % k] for t in peers_models.local_batch(args, m // k, size, step))
 
 
 def micro_batches(args, rank: int, size: int, step: int):
     """This rank's batch of the step as ``--micro-batches`` torch (x, y) pairs."""
     import torch
 
-    x, y = local_batch(args, rank, size, step)
+    x, y = peers_models.local_batch(args, rank, size, step)
     return [
         (torch.from_numpy(a), torch.from_numpy(b))
         for a, b in zip(*(np.array_split(t, args.micro_batches) for t in (x, y)))
@@ -180,18 +183,6 @@ def mpizero_worker(args, config: str) -> dict:
     }
 
 
-def torch_mlp(args):
-    import torch
-
-    torch.manual_seed(0)
-    layers = []
-    for i in range(args.layers):
-        layers.append(torch.nn.Linear(args.width, args.width))
-        if i < args.layers - 1:
-            layers.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*layers)
-
-
 def mpizero_torch_worker(args, config: str) -> dict:
     """The torch model trained through ``mpizero.torch.shard`` (exact reduction), gradients streamed."""
     import torch
@@ -202,14 +193,15 @@ def mpizero_torch_worker(args, config: str) -> dict:
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
-    model = torch_mlp(args)
+    model = peers_models.build(args)
     baseline = current_rss()
-    zero = shard(model, Adam(lr=1e-4), stage=int(config.split("-")[1]), comm=comm)
+    stage = int(config.split("-")[1])
+    zero = shard(model, Adam(lr=1e-4), stage=stage, units=peers_models.blocks(args, model), comm=comm)
 
     def step_fn(step: int) -> None:
         def closure():
             for x, y in micro_batches(args, comm.rank, comm.size, step):
-                torch.nn.functional.mse_loss(model(x), y).backward()
+                peers_models.loss(args, model, x, y).backward()
 
         zero.step(closure)
 
@@ -248,16 +240,15 @@ def torch_worker(args, config: str) -> dict:
     torch.set_num_threads(1)
     rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=size)
-    model = torch_mlp(args)
+    model = peers_models.build(args)
     baseline = current_rss()
-    if config == "torch-ddp":
-        model = torch.nn.parallel.DistributedDataParallel(model)
+    if config == "torch-ddp":  # its best setting: gradients live in the buckets, no copy in or out
+        model = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
     else:
         from torch.distributed.fsdp import fully_shard
 
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
+        for block in peers_models.blocks(args, model):
+            fully_shard(block)
         fully_shard(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
 
@@ -268,7 +259,7 @@ def torch_worker(args, config: str) -> dict:
             last = m == len(pairs) - 1
             quiet = model.no_sync() if config == "torch-ddp" and not last else contextlib.nullcontext()
             with quiet:
-                (torch.nn.functional.mse_loss(model(x), y) / len(pairs)).backward()
+                (peers_models.loss(args, model, x, y) / len(pairs)).backward()
         optimizer.step()
 
     result = gathered(timed_steps(args, dist.barrier, step_fn), baseline)
@@ -303,7 +294,7 @@ def deepspeed_worker(args, config: str) -> dict:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # else a C++ op compiles for minutes at start
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
-    model = torch_mlp(args)
+    model = peers_models.build(args)
     baseline = current_rss()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     stage = int(config.split("-")[1])
@@ -311,7 +302,7 @@ def deepspeed_worker(args, config: str) -> dict:
 
     def step_fn(step: int) -> None:
         for x, y in micro_batches(args, rank, size, step):
-            engine.backward(torch.nn.functional.mse_loss(engine(x), y))  # DeepSpeed divides by the accumulation
+            engine.backward(peers_models.loss(args, engine, x, y))  # DeepSpeed divides by the accumulation
             engine.step()  # updates at the last micro-batch only
 
     result = gathered(timed_steps(args, dist.barrier, step_fn), baseline)
@@ -332,7 +323,7 @@ def run_config(args, config: str, micro_batches: int) -> dict:
     """Run ``config`` at ``micro_batches`` per rank in its own ``mpiexec`` job; return rank 0's result."""
     result_file = Path(tempfile.mkdtemp(prefix="bench_peers.")) / "result.json"
     command = [*python_under_mpiexec(args.ranks, str(HERE)), "--worker", config, "--result-file", str(result_file)]
-    for option in ("width", "layers", "batch", "steps"):
+    for option in ("model", "width", "layers", "batch", "seq", "steps"):
         command += [f"--{option}", str(getattr(args, option))]
     command += ["--micro-batches", str(micro_batches)]
     env = {
@@ -367,7 +358,7 @@ def run_all(args) -> dict[str, dict]:
     """Every configuration at every micro-batch count: ``{config: {count: result}}``, or ``{"skipped": why}``."""
     rows = {}
     for config in progress(args.configs, "bench_peers configurations"):
-        why = missing(config)
+        why = missing(config, args.model)
         if why:
             rows[config] = {"skipped": why}
             record(args.json, {"config": config, "skipped": why})
@@ -442,11 +433,11 @@ def main() -> None:
         print(bandwidth_line(args.bandwidth_mib), flush=True)
         rank_rate = bandwidth(args.ranks, args.bandwidth_mib, 5)["add"] / args.ranks
     rows = run_all(args)
-    params = args.layers * (args.width * args.width + args.width)
+    params = peers_models.parameter_count(args)
     print(
-        f"{args.layers}-layer {args.width}x{args.width} ReLU MLP ({params:,} parameters), Adam, global batch "
-        f"{args.batch}, {' and '.join(map(str, args.micro_batches))} micro-batches (mb) per rank, fp32, {args.ranks} "
-        f"ranks, 1 thread per rank ({', '.join(sorted(blas))}), median of steps {WARMUP + 1}-{args.steps}"
+        f"{peers_models.describe(args, params)}, Adam, {' and '.join(map(str, args.micro_batches))} micro-batches "
+        f"(mb) per rank, fp32, {args.ranks} ranks, 1 thread per rank ({', '.join(sorted(blas))}), median of steps "
+        f"{WARMUP + 1}-{args.steps}"
     )
     print("\n".join(table(rows, args)))
     if rank_rate is not None:
@@ -474,7 +465,7 @@ def draw(rows: dict, args, path: str) -> None:
     for ax in (left, right):
         ax.invert_yaxis()
     fig.suptitle(
-        f"{args.layers}-layer {args.width}-wide MLP, Adam, batch {args.batch} in {first} micro-batches per rank, "
+        f"{peers_models.describe(args, peers_models.parameter_count(args))}, Adam, {first} micro-batches per rank, "
         f"fp32, {args.ranks} ranks"
     )
     fig.tight_layout()

@@ -13,8 +13,13 @@ GATHER = 16  # stage 3, per backward pass: gather a unit's full params twice (fo
 ADD_FLOAT32 = 12  # g += dW in float32: read 4, read 4, write 4
 ENCODE_FIRST = 12  # the first contribution: read float32 dW (4), write its int64 (8)
 ENCODE_ADD = 20  # every later one: read dW (4), read and write the int64 sum (16)
+PAIR_FIRST = 16  # the paired encode (stages 0-1), the first two contributions: read 4 + 4, write the int64 (8)
+PAIR_ADD = 24  # ... every later two: read 4 + 4, read and write the int64 sum (16)
 DECODE = 12  # int64 sum to float32 gradient: read 8, write 4
-ADAM = 28  # read param, grad, m, v (16); write param, m, v (12)
+ADAM = 28  # mpizero's one-pass Adam: read param, grad, m, v (16); write param, m, v (12)
+# torch.optim.Adam on the CPU (its single-tensor path), one pass per operation: m.lerp_(g) 12, v.mul_ 8,
+# v.addcmul_(g, g) 12, v.sqrt() 8, / bias correction 8, .add_(eps) 8, p.addcdiv_(m, denom) 16
+TORCH_ADAM = 72
 
 
 def ddp_allreduce(ranks: int) -> float:
@@ -23,23 +28,25 @@ def ddp_allreduce(ranks: int) -> float:
     return 7 * 4 * (ranks - 1) / ranks
 
 
-def per_backward(config: str, ranks: int) -> tuple[float, float]:
-    """Bytes per parameter of one rank's first backward pass of a step, and of each later one."""
-    if config == "torch-ddp":
-        return PRODUCE, PRODUCE + ADD_FLOAT32  # the first gradient is autograd's own; later ones add into it
+def backward_passes_bytes(config: str, ranks: int, passes: int) -> float:
+    """Bytes per parameter of one rank's ``passes`` backward passes of a step, gradients accumulated."""
+    if config == "torch-ddp":  # the first gradient is autograd's own (in DDP's bucket); later ones add into it
+        return PRODUCE * passes + ADD_FLOAT32 * (passes - 1)
     stage = int(config.rsplit("-", 1)[1])
-    produce = PRODUCE + (GATHER if stage == 3 else 0)
-    if stage <= 1:
-        return produce + ENCODE_FIRST, produce + ENCODE_ADD  # into this rank's own int64 sum
+    produce = (PRODUCE + (GATHER if stage == 3 else 0)) * passes
+    if stage <= 1:  # into this rank's own int64 sum, two contributions a pass (an odd last one alone)
+        pairs, alone = divmod(passes, 2)
+        encode = PAIR_FIRST + PAIR_ADD * (pairs - 1) + ENCODE_ADD * alone if pairs else ENCODE_FIRST
+        return produce + encode
     # stages 2-3: each rank starts its own block of the sum and adds its block for every other owner
     first = (ENCODE_FIRST + ENCODE_ADD * (ranks - 1)) / ranks
-    return produce + first, produce + ENCODE_ADD
+    return produce + first + ENCODE_ADD * (passes - 1)
 
 
 def per_step(config: str, ranks: int) -> float:
     """Bytes per parameter of one rank's step after the backward passes: reduction, decode, update, publish."""
     if config == "torch-ddp":
-        return ddp_allreduce(ranks) + ADAM
+        return ddp_allreduce(ranks) + TORCH_ADAM
     stage = int(config.rsplit("-", 1)[1])
     reduce = {0: 8 * ranks + 8, 1: 8 + 8 / ranks, 2: 0, 3: 0}[stage]  # out of the node-shared int64 sums
     owned = 1 if stage == 0 else 1 / ranks  # stage 0 decodes and updates every parameter on every rank
@@ -54,8 +61,7 @@ def step_bytes(config: str, ranks: int, backward_passes: int) -> float | None:
     """Bytes per parameter of one rank's whole step, or None for a configuration not modelled."""
     if config not in MODELLED:
         return None
-    first, later = per_backward(config, ranks)
-    return first + later * (backward_passes - 1) + per_step(config, ranks)
+    return backward_passes_bytes(config, ranks, backward_passes) + per_step(config, ranks)
 
 
 def floor_ms(config: str, ranks: int, backward_passes: int, params: int, rank_bandwidth: float) -> float | None:

@@ -75,6 +75,17 @@ def test_torch_ddp_and_mpizero_torch_at_two_micro_batch_counts(tmp_path):
     assert roofline.step_bytes("torch-fsdp2", 2, 8) is None  # not modelled: no roofline row
 
 
+def test_the_gpt_row_trains_transformers_gpt2_and_skips_the_engine_only_configurations(tmp_path):
+    """The transformer row: DDP and mpizero.torch stage 3 (each block a unit) on a GPT-2 from a config; the NumPy
+    engine's configurations say they train the MLP only."""
+    pytest.importorskip("transformers", reason="the GPT row builds transformers' GPT-2 from a config")
+    configs = ["torch-ddp", "mpizero.torch-3", "mpizero-2-exact"]
+    gpt = ["--model", "gpt", "--seq", "16", "--micro-batches", "2", "--configs", *configs]
+    rows, runs, _ = bench(tmp_path, gpt)
+    check_runs({c: rows[c] for c in configs[:2]}, runs[:2], configs[:2], [2])
+    assert " ".join(rows["mpizero-2-exact"]) == "skipped: the engine-only configurations train the NumPy MLP only"
+
+
 def test_deepspeed_stages_1_and_3_accumulate_and_step_once_per_step(tmp_path):
     """Stage 2 differs from 1 only in DeepSpeed's config value, which the worker writes for every stage alike."""
     pytest.importorskip("deepspeed", reason='needs DeepSpeed: pip install -e ".[peers]" after the CPU build of torch')
