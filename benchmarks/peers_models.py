@@ -3,8 +3,8 @@
 ``mlp``: ``--layers`` Linear(width, width) with ReLU between, MSE on a fixed target; 24 flops per gradient element
 and micro-batch at the default 4 rows, the worst case for an exact accumulator. ``gpt``: transformers' GPT-2 built
 from a config (``--layers`` blocks of ``--width``, heads of 64 or one head below that, a 256-token vocabulary,
-``--seq`` positions, dropout off, the head tied to the embedding), next-token loss on random tokens; ``--batch``
-sequences per step.
+``--seq`` positions, dropout off, token 0 as start and end, the head tied to the embedding), next-token loss on
+random tokens; ``--batch`` sequences per step.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ def build(args):
         return torch.nn.Sequential(*layers)
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    drop = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    quiet = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
     config = GPT2Config(
         vocab_size=VOCAB,
         n_positions=args.seq,
         n_embd=args.width,
         n_layer=args.layers,
         n_head=max(1, args.width // 64),
-        **drop,
+        **quiet,
     )
     return GPT2LMHeadModel(config)
 
