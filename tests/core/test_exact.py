@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mpizero import compiled
 from mpizero.core.reduce import exact, kernels
 
 float32s = st.floats(width=32, allow_nan=False, allow_infinity=False)
@@ -79,7 +80,7 @@ def test_chunked_sum_equals_one_pass(monkeypatch):
     whole, chunked = np.empty(1000, np.int64), np.empty(1000, np.int64)
     sum_into(whole, arrays, k)
     monkeypatch.setattr(kernels, "CHUNK", 7)
-    monkeypatch.setenv(kernels.ENV_VAR, "numpy")
+    monkeypatch.setenv(compiled.ENV_VAR, "numpy")
     kernels._library.cache_clear()
     sum_into(chunked, arrays, k)
     kernels._library.cache_clear()

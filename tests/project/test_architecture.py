@@ -11,6 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "mpizero"
 FLOORS = {
+    "mpizero.compiled": 0,
     "mpizero.errors": 0,
     "mpizero.libc": 0,
     "mpizero.progress": 0,

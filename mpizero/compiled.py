@@ -1,0 +1,88 @@
+"""C source compiled by the system compiler into a shared library, once per source, compiler and machine.
+
+The host's kernels (the encode, the optimizer update) are generated C: each is compiled at first use (``cc``,
+or ``$CC``) into a library cached under ``~/.cache/mpizero`` (``MPIZERO_CACHE_DIR``) and loaded with ctypes.
+``FLAGS`` keep every float operation rounding on its own (``-ffp-contract=off``: no fused multiply-add; no
+``-ffast-math``), so a kernel gives the bits NumPy gives for the same formula. Where no compiler works, or
+``MPIZERO_HOST_KERNELS=numpy`` is set, ``library`` says why and the caller evaluates the formula with NumPy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import secrets
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+ENV_VAR = "MPIZERO_HOST_KERNELS"
+CACHE_ENV_VAR = "MPIZERO_CACHE_DIR"
+FLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off"]
+HEADER = """#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define MZ_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MZ_CLONES
+#endif
+"""  # MZ_CLONES: the x86-64-v4 (AVX-512) or v3 loop is picked at load time where the CPU has it
+
+
+def library(stem: str, source: str) -> tuple[ctypes.CDLL | None, str]:
+    """``HEADER + source`` as a loaded library and a description, or None and why NumPy must be used."""
+    if os.environ.get(ENV_VAR) == "numpy":
+        return None, f"numpy ({ENV_VAR}=numpy)"
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None, "numpy (no C compiler found)"
+    try:
+        return _loaded(compiler, stem, HEADER + source), f"compiled ({Path(compiler).name})"
+    except (OSError, subprocess.SubprocessError) as error:
+        return None, f"numpy ({compiler} failed: {str(error).splitlines()[0][:120]})"
+
+
+@functools.cache
+def _loaded(compiler: str, stem: str, source: str) -> ctypes.CDLL:
+    return ctypes.CDLL(str(_compiled(compiler, stem, source)))
+
+
+def _compiled(compiler: str, stem: str, source: str) -> Path:
+    """The cached library for this source, compiler and machine, compiled first if missing (atomically)."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60, check=True)
+    identity = "\n".join([source, compiler, version.stdout.splitlines()[0], platform.machine(), *FLAGS])
+    path = _cache_dir() / f"{stem}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.so"
+    if path.exists():
+        return path
+    written = path.with_name(f"{path.stem}-{secrets.token_hex(4)}.c")
+    partial = path.with_name(f"{path.stem}-{secrets.token_hex(4)}.so.partial")
+    try:
+        written.write_text(source)
+        command = [compiler, *FLAGS, str(written), "-o", str(partial), "-lm"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise OSError(f"exit {done.returncode}: {done.stderr.strip()}")
+        os.replace(partial, path)  # atomic: ranks compiling at once each publish a whole library
+    finally:
+        written.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def _cache_dir() -> Path:
+    """Where compiled kernels are kept: ``$MPIZERO_CACHE_DIR``, else ``$XDG_CACHE_HOME/mpizero`` or ``~/.cache``."""
+    chosen = os.environ.get(CACHE_ENV_VAR) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "mpizero"
+    )
+    try:
+        os.makedirs(chosen, exist_ok=True)
+    except OSError:
+        chosen = os.path.join(tempfile.gettempdir(), f"mpizero-{os.getuid()}")
+        os.makedirs(chosen, exist_ok=True)
+    return Path(chosen)
