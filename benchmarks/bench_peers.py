@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import importlib.util
 import json
 import logging
@@ -40,6 +41,7 @@ import numpy as np
 import peers_gpt2
 import peers_models
 import roofline
+import step_profile
 from bench_bandwidth import bandwidth, bandwidth_line
 
 from mpizero.comm.job.launcher import python_under_mpiexec
@@ -87,6 +89,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--bandwidth", action="store_true", help="also measure this machine's memory bandwidth")
     parser.add_argument("--bandwidth-mib", type=int, default=1024, help="size of each bandwidth array, MiB")
     parser.add_argument("--chart", default=None, help="also draw step time and peak RSS per configuration (PNG)")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="TOP", help="print rank 0's profile of each run, TOP functions"
+    )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--result-file", default=None, help=argparse.SUPPRESS)  # where a worker's rank 0 writes
     args = parser.parse_args()
@@ -138,13 +143,19 @@ def current_rss() -> int:
 
 
 def timed_steps(args, comm_barrier, step_fn) -> list[float]:
+    """Each step's seconds on this rank; with ``--profile``, rank 0 profiles the steps after warm-up and writes
+    the table beside its result file."""
     times = []
     rank0 = int(os.environ.get("PMI_RANK", "0")) == 0
+    profile = cProfile.Profile() if args.profile and rank0 else None
     for step in progress(range(1, args.steps + 1), args.worker, show=rank0):  # stderr, every 5 s
         comm_barrier()
         start = time.perf_counter()
-        step_fn(step)
+        with profile if profile and step > WARMUP else contextlib.nullcontext():
+            step_fn(step)
         times.append(time.perf_counter() - start)
+    if profile:
+        Path(args.result_file + ".profile").write_text(step_profile.table(profile, args.steps - WARMUP, args.profile))
     return times
 
 
@@ -323,7 +334,7 @@ def run_config(args, config: str, micro_batches: int) -> dict:
     """Run ``config`` at ``micro_batches`` per rank in its own ``mpiexec`` job; return rank 0's result."""
     result_file = Path(tempfile.mkdtemp(prefix="bench_peers.")) / "result.json"
     command = [*python_under_mpiexec(args.ranks, str(HERE)), "--worker", config, "--result-file", str(result_file)]
-    for option in ("model", "width", "layers", "batch", "seq", "steps"):
+    for option in ("model", "width", "layers", "batch", "seq", "steps", "profile"):
         command += [f"--{option}", str(getattr(args, option))]
     command += ["--micro-batches", str(micro_batches)]
     env = {
@@ -337,6 +348,9 @@ def run_config(args, config: str, micro_batches: int) -> dict:
     try:
         done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=1200, env=env)
         written = result_file.read_text() if result_file.exists() else ""
+        profiled = Path(f"{result_file}.profile")
+        if profiled.exists():
+            print(f"{config}, {micro_batches} micro-batches: {profiled.read_text()}", flush=True)
     finally:
         shutil.rmtree(result_file.parent)
     if done.returncode != 0 or not written:
