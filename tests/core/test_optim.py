@@ -6,13 +6,14 @@ import pytest
 
 from mpizero import SGD, Adam, AdamW, Lion, Muon, Partition, Reference
 from mpizero.core import whole_matrices
-from mpizero.core.optim import BoundOptimizer, binding, device_update, oracle
+from mpizero.core.optim import BoundOptimizer, binding, device_update, host_update, oracle
 from mpizero.core.optim.adam import AdamHyper, AdamRule, documented_adam, documented_adamw
 from mpizero.core.optim.lion import LionHyper, LionRule
 from mpizero.core.optim.muon import COEFFICIENTS, newton_schulz
 from mpizero.core.optim.oracle import DocumentedOptimizer
 from mpizero.core.optim.sgd import SGDHyper, SGDRule, documented_sgd
-from mpizero.core.optim.update import apply_step
+from mpizero.core.optim.update import NUMPY_OPS, apply_step
+from mpizero.core.reduce import kernels
 
 OPTIMIZERS = [
     SGD(lr=0.1),
@@ -246,6 +247,34 @@ def test_the_fused_device_update_gives_the_host_updates_bytes_in_one_launch(rule
     apply_step(rule, hyper, step, host["param"], host["grad"], {n: host[n] for n in states})
     for name, a in host.items():
         assert a.tobytes() == device[name].get().tobytes(), name
+
+
+def wide_values(rng, n: int) -> np.ndarray:
+    """float32 values across the whole range: magnitudes 1e-44 to 1e38, subnormals, signed zeros, infinities."""
+    values = (rng.standard_normal(n) * 10.0 ** rng.uniform(-44, 38, n)).astype(np.float32)
+    values[:8] = [0.0, -0.0, 1e-45, -1e-40, np.inf, -np.inf, 3e38, -3e38]
+    return rng.permutation(values)
+
+
+@pytest.mark.parametrize("rule, hyper, states", HYPERS)
+def test_the_compiled_host_update_gives_numpys_bytes(rule, hyper, states):
+    """One compiled pass (``host_update``) against the formula as NumPy evaluates it, on values across float32's
+    range: the same bytes for every term the formulas take (NaN results included)."""
+    rng = np.random.default_rng(len(states))
+    arrays = {name: wide_values(rng, 20_000) for name in ["param", "grad", *states]}
+    for name in states:  # second moments are never negative
+        arrays[name] = np.abs(arrays[name]) if name.endswith("sq") else arrays[name]
+    constants = {k: v if isinstance(v, bool) else np.float32(v) for k, v in rule.constants(hyper, 3).items()}
+    function = host_update.kernel(rule, hyper, constants, states)
+    if function is None:
+        pytest.skip(f"no compiled host kernel here: {kernels.backend()}")
+    expected = {k: a.copy() for k, a in arrays.items()}
+    with np.errstate(all="ignore"):
+        for name, value in rule.formula(NUMPY_OPS, dict(expected), constants, hyper).items():
+            expected[name][...] = value
+    host_update.host_update(function, arrays, constants)
+    for name, a in arrays.items():
+        assert a.tobytes() == expected[name].tobytes(), name
 
 
 def test_the_fused_update_kernels_c_spelling():

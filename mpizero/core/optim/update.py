@@ -1,12 +1,13 @@
-"""One optimizer step on float32 arrays: a rule's formula evaluated by NumPy in chunks, or by one device kernel.
+"""One optimizer step on float32 arrays: a rule's formula as one compiled host pass, NumPy chunks, or a device kernel.
 
 Every rule (``sgd``, ``adam``, ...) writes its update once as ``formula(ops,
 arrays, c, hyper)``, elementwise and correctly rounded (add, multiply, divide,
 sqrt, maximum), so updating a shard gives, element for element, the same bits
 as updating the full vector. Step-dependent factors (``constants``) are
 computed once per step as Python floats and rounded to float32. ``NUMPY_OPS``
-evaluates a formula on host arrays in cache-sized chunks; ``device_update``
-spells it as one CUDA kernel. Python conditions on ``hyper`` and ``c`` choose
+evaluates a formula on host arrays in cache-sized chunks where no C compiler
+works; ``host_update`` compiles it into one pass over the host arrays, and
+``device_update`` spells it as one CUDA kernel. Python conditions on ``hyper`` and ``c`` choose
 the terms, so a kernel generated from the same function is specialized to them.
 """
 
@@ -17,7 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from mpizero.arrays import CHUNK, array_module
-from mpizero.core.optim import device_update
+from mpizero.core.optim import device_update, host_update
 
 
 class Rule:
@@ -47,13 +48,17 @@ NUMPY_OPS = SimpleNamespace(
 
 def apply_step(rule, hyper, step: int, param, grad, state: dict) -> None:
     """Apply one step of ``rule`` in place: ``param`` and ``state`` from ``grad`` (flat float32 arrays, equal
-    length); ``step`` counts the optimizer steps taken, from 1. Host arrays go in cache-sized chunks, device
-    arrays in one fused kernel (``device_update``)."""
+    length); ``step`` counts the optimizer steps taken, from 1. Host arrays go through the compiled pass
+    (``host_update``), else NumPy in cache-sized chunks; device arrays through one fused kernel."""
     arrays = {"param": flat(param), "grad": flat(grad), **{k: flat(v) for k, v in state.items()}}
     constants = {k: v if isinstance(v, bool) else np.float32(v) for k, v in rule.constants(hyper, step).items()}
     xp = array_module(arrays["param"])
     if xp is not np:
         device_update.device_update(xp, rule, hyper, arrays, constants, NUMPY_OPS)
+        return
+    compiled = host_update.kernel(rule, hyper, constants, list(state))
+    if compiled is not None:
+        host_update.host_update(compiled, arrays, constants)
         return
     for start in range(0, arrays["param"].size, CHUNK):
         view = {k: a[start : start + CHUNK] for k, a in arrays.items()}

@@ -1,0 +1,63 @@
+"""The optimizer update on the host in one pass: the rule's formula (``update``) spelled in C and compiled.
+
+The same C spelling as the device kernel (``device_update.c_statements``), in a loop over the flat arrays,
+compiled by ``mpizero.compiled`` (no fused multiply-add: each operation rounds on its own, as NumPy's do), so
+it gives the bits of NumPy's chunked evaluation while reading and writing each array once. One library per
+specialised formula (the rule, its boolean choices, its states); the step's constants are an argument, so a
+new learning rate compiles nothing. None where no compiler works: the caller evaluates with NumPy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+
+from mpizero import compiled
+from mpizero.core.optim.device_update import c_statements
+
+LOOP = """MZ_CLONES
+void mz_update(size_t n, const float *restrict c, const float *restrict grad_, {pointers}) {{
+    {constants}
+    for (size_t i = 0; i < n; i++) {{
+        const float grad = grad_[i];
+        {loads}
+        {body}
+        {stores}
+    }}
+}}
+"""
+
+
+def kernel(rule, hyper, constants: dict, states: list[str]):
+    """The compiled update for this formula, called as ``(n, constants, grad, param, *states)``, or None."""
+    numbers, body = c_statements(rule, hyper, constants, states)
+    written = ["param", *states]
+    source = LOOP.format(
+        pointers=", ".join(f"float *restrict {name}_" for name in written),
+        constants=" ".join(f"const float c_{name} = c[{i}];" for i, name in enumerate(numbers)),
+        loads=" ".join(f"float {name} = {name}_[i];" for name in written),
+        body=body,
+        stores=" ".join(f"{name}_[i] = {name};" for name in written),
+    )
+    return _function(source, len(written))
+
+
+@functools.cache
+def _function(source: str, written: int):
+    library, _ = compiled.library("update", source)
+    if library is None:
+        return None
+    function = library.mz_update
+    function.argtypes = [ctypes.c_size_t, *(ctypes.c_void_p,) * (2 + written)]
+    function.restype = None
+    return function
+
+
+def host_update(function, arrays: dict, constants: dict) -> None:
+    """Run the compiled update ``function`` on host ``arrays`` (``param``, ``grad``, the states) in place."""
+    numbers = np.array([value for value in constants.values() if not isinstance(value, bool)], np.float32)
+    states = [arrays[name] for name in arrays if name not in ("param", "grad")]
+    pointers = [a.ctypes.data for a in (numbers, arrays["grad"], arrays["param"], *states)]
+    function(arrays["param"].size, *pointers)
