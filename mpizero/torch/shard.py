@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -39,7 +40,7 @@ from mpizero.torch.params import Binder
 from mpizero.torch.streams import TorchStream, on_torch_stream
 from mpizero.torch.sync import Announcer, Operation
 from mpizero.torch.tensors import as_array
-from mpizero.torch.units import default_units, plan_units, trainable
+from mpizero.torch.units import default_units, lopsided, plan_units, trainable
 
 WATCHDOG_SECONDS = 600.0  # torch.distributed's default timeout: a collective that waits longer ends the job
 
@@ -58,16 +59,15 @@ def shard(
 ) -> ShardedModel:
     """Train ``model``'s parameters with ZeRO ``stage`` over ``comm`` (default COMM_WORLD).
 
-    ``model`` must have the same parameters (names, shapes, values) on every
-    rank. ``units``: the submodules gathered together at stage 3 (default:
-    each child holding parameters). A model built on the meta device
-    (``with torch.device("meta"):``) is materialized one module at a time,
-    each rank keeping only what it holds, by each module's ``reset_parameters()``
-    or by ``init(module)`` (see ``meta``). ``trim_heap``: hand the C heap's free pages back to the OS when it
-    grew (see ``heap``; not where the parameters live on a GPU). ``seed``: what ``micro_batch(i)`` seeds
-    torch's generators from, with the step and ``i`` (default: ``torch.initial_seed()``, the same on every
-    rank). ``settings`` are the engine's (``reduction``, ``param_dtype``, ``clip_norm``, ``on_nonfinite``, ...);
-    ``watchdog`` defaults to 600 seconds (None turns it off).
+    ``model`` must have the same parameters (names, shapes, values) on every rank. ``units``: the submodules
+    gathered together at stage 3 (default: the repeated blocks, ``units.default_units``; a unit owning over half
+    the parameters is warned of). A model built on the meta device (``with torch.device("meta"):``) is
+    materialized one module at a time, each rank keeping only what it holds, by each module's
+    ``reset_parameters()`` or by ``init(module)`` (see ``meta``). ``trim_heap``: hand the C heap's free pages back
+    to the OS when it grew (see ``heap``; not where the parameters live on a GPU). ``seed``: what
+    ``micro_batch(i)`` seeds torch's generators from, with the step and ``i`` (default: ``torch.initial_seed()``,
+    the same on every rank). ``settings`` are the engine's (``reduction``, ``param_dtype``, ``clip_norm``,
+    ``on_nonfinite``, ...); ``watchdog`` defaults to 600 seconds (None turns it off).
     """
     if any(habits.owner_of(p) is not None for p in model.parameters()):
         raise ZeroError("this model is sharded already (shard() was called on it): shard a model once")
@@ -96,6 +96,7 @@ class ShardedModel:
         owning = [u for u in self.units if u.owned]
         groups = [list(u.owned) for u in owning]
         group_of = {name: g for g, u in enumerate(owning) for name in u.owned}
+        lopsided_warning = lopsided(self.units, trainable(model)) if stage == 3 else None  # before any placeholder
         on_meta = is_meta_model(trainable(model))
         meta = MetaInit(model, group_of, init) if on_meta else None  # first: it swaps the model's parameters
         self.params = trainable(model)
@@ -121,6 +122,8 @@ class ShardedModel:
                 self.hooks = UnitHooks(
                     model, self.units, group_of, self.binder, self._backward_started, self.torch_stream.around
                 )
+            if lopsided_warning:  # now the engine agreed on the groups it is made from: the same on every rank
+                warnings.warn(lopsided_warning, stacklevel=3)
             for name, p in self.params.items():  # weakly: see ``_grad_ready_of``
                 hook = partial(_grad_ready_of, weakref.ref(self), name)
                 p.register_post_accumulate_grad_hook(self.torch_stream.around(hook))

@@ -7,7 +7,8 @@ Each trains at stages 0-3 with 5 global micro-batches a step split unevenly
 over the ranks, under ``join()``: two steps with kept gradients, one with
 ``step(closure)``. Rank 0 prints ``digest MODEL STAGE HEX`` of the masters.
 With ``--features``: placeholders, gathered(), state dicts, and mismatched
-calls; each prints one ``ok`` line.
+calls; each prints one ``ok`` line. With ``--default-units``: GPT-2 at
+stages 0 and 3 without ``units=``.
 """
 
 import hashlib
@@ -200,9 +201,22 @@ def check_meta():
     say("meta ok")
 
 
+def check_default_units():
+    """GPT-2 at stage 3 without units=: each block is a unit, and the bytes are stage 0's."""
+    for stage in (0, 3):
+        model, _ = make("gpt2")
+        zero = shard(model, mpizero.AdamW(lr=1e-2, weight_decay=0.1), stage=stage)
+        train("gpt2", zero, model, steps=2)
+        say(f"units {stage} {[u.name for u in zero.units]}")
+        say(f"digest gpt2 {stage} {digest(zero.master_params().values())}")
+
+
 def main(argv):
     if argv == ["--meta"]:
         check_meta()
+        return
+    if argv == ["--default-units"]:
+        check_default_units()
         return
     if argv == ["--features"]:
         check_placeholders()
