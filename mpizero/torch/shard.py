@@ -1,9 +1,9 @@
 """``shard(model, optimizer, stage=...)``: a torch module trained by the ZeRO engine.
 
 As autograd finishes each parameter's gradient (``register_post_accumulate_grad_hook``)
-it is taken from ``.grad`` (zero-copy, as a NumPy or CuPy array) and ``.grad``
-is left None; ``grads`` says where it goes: kept per backward until ``step()``,
-or streamed into the engine's sum by ``step(closure)``. Every collective the
+it is taken from ``.grad`` (zero-copy, as a NumPy or CuPy array); after the
+backward ``.grad`` holds a guard (``grad_guard``). ``grads`` says where it goes:
+kept per backward until ``step()``, or streamed into the engine's sum by ``step(closure)``. Every collective the
 bridge starts is announced first (``sync``), so ranks that make different
 calls get the same error instead of waiting for each other; ``join()`` lets
 ranks run different numbers of backward passes in a step.
@@ -32,6 +32,7 @@ from mpizero.errors import ZeroError
 from mpizero.torch import checkpoints, habits, optim_state, rng, state
 from mpizero.torch.buffers import BufferSync
 from mpizero.torch.edits import GATHERED_RAISED, EditWatch
+from mpizero.torch.grad_guard import GradView
 from mpizero.torch.grads import GradientIntake
 from mpizero.torch.hooks import UnitHooks
 from mpizero.torch.meta import MetaInit, is_meta_model
@@ -128,6 +129,8 @@ class ShardedModel:
                 hook = partial(_grad_ready_of, weakref.ref(self), name)
                 p.register_post_accumulate_grad_hook(self.torch_stream.around(hook))
             self.grads = GradientIntake(self.engine, group_of, self.announcer.announce)
+            readable = self.engine.groups[0].plan.keeps_local_grads  # every rank can have the whole gradient
+            self.grad_view = GradView(self.params, readable, self._averaged_grads)
             self._in_backward = self._joining = False
             self._reduced = False  # this step's gradients were reduced before step() (clip_grad_norm_, gathered)
             self._grad_norm: float | None = None  # ... and clip_grad_norm_() clipped them to this norm
@@ -160,6 +163,7 @@ class ShardedModel:
         if self.hooks is not None:
             self.hooks.backward_done()
         self.grads.backward_done()
+        self.grad_view.guard()
         self._trim()
 
     def _trim(self) -> None:
@@ -250,6 +254,7 @@ class ShardedModel:
         finally:
             self.grads.reset()
             self._reduced, self._grad_norm, self._ended = False, None, None
+            self.grad_view.guard(stepped=True)
             self.binder.refresh()
             self.edits.record_unless_refused()
             self._trim()
@@ -323,20 +328,29 @@ class ShardedModel:
         if self._reduce_early() is not None:
             return math.inf
         self._grad_norm = self.engine.clip_grad_norm(float(max_norm))
+        self.grad_view.changed()
         return self._grad_norm
+
+    def _averaged_grads(self) -> dict[str, torch.Tensor]:
+        """Reduce this step's gradients now and gather the averaged ones (stages 0-1's use of a ``.grad``)."""
+        with self.torch_stream():
+            self.announcer.announce(Operation.READ_GRADS)
+            ended = self._reduce_early()
+            if ended is not None:
+                raise ZeroError("this step's gradients are not finite, so it is skipped: there are none to read")
+            return state.averaged_grads(self)
 
     @on_torch_stream
     def zero_grad(self) -> None:
         """Drop the gradients not yet stepped with, on every rank (collective if backward passes ran since the last
-        step: they are in the engine's sum already). ``.grad`` is always None: gradients go to the engine."""
+        step: they are in the engine's sum already); every ``.grad`` is None after it (``grad_guard``)."""
         if self.grads.started_reducing or self._reduced:
             raise StepOrderError("zero_grad() after this step's reductions started; call step() first")
         if self.grads.handed_in and not self.grads.streaming:
             self.announcer.announce(Operation.DISCARD)
             self.engine.discard_step()
             self.grads.reset()
-        for p in self.params.values():
-            p.grad = None
+        self.grad_view.clear()
 
     # State ----------------------------------------------------------------
 
@@ -369,8 +383,7 @@ class ShardedModel:
         finally:
             with self.torch_stream():
                 if grads:
-                    for p in self.params.values():
-                        p.grad = None
+                    self.grad_view.guard()
                 for index in held:
                     self.binder.release(index)
                 if left_normally:  # every rank is here: publishing the masters drops any edit not written back

@@ -73,7 +73,8 @@ def lopsided(units: Sequence[Unit], params: dict[str, torch.nn.Parameter]) -> st
             return (
                 f"stage 3 gathers each unit whole for its forward, and unit {unit.name!r} "
                 f"({type(unit.module).__name__}) holds {owned} of the {total} parameters ({owned / total:.0%}), so "
-                "little of the model stays sharded then: pass units= with smaller submodules (its repeated blocks)"
+                "little of the model stays sharded then: pass units= with smaller submodules (its repeated blocks, "
+                "say)"
             )
     return None
 
