@@ -157,6 +157,22 @@ def check_mismatch():
         assert "join()" not in str(error), error
     else:
         raise AssertionError("a state_dict() on one rank raised nothing")
+    # Stage 1: reading p.grad reduces the step's gradients (collective): on every rank it is the averaged one; on
+    # rank 0 alone (grad-norm logging under `if rank == 0:`) every rank gets the error naming the read.
+    model, zero = build("mlp", 1)
+    backward("mlp", zero, model, 0, comm.rank)
+    norms = comm.allgather(float(sum(p.grad.norm() ** 2 for p in model.parameters()) ** 0.5))
+    assert len(set(norms)) == 1, norms
+    zero.step()
+    backward("mlp", zero, model, 1, comm.rank)
+    try:
+        if comm.rank == 0:
+            float(model[0].weight.grad.norm())
+        zero.step()
+    except mpizero.ZeroError as error:
+        assert "ranks [0] read a parameter's .grad" in str(error) and "`if rank == 0:`" in str(error), error
+    else:
+        raise AssertionError("a .grad read on one rank raised nothing")
     # Stages 0-1: forward and backward make no collective call, so uneven passes need no join(), even where the
     # ranks with more start their reductions in their last backward (each start announced, in the same order).
     model, zero = build("mlp", 1)
