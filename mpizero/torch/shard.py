@@ -1,11 +1,11 @@
 """``shard(model, optimizer, stage=...)``: a torch module trained by the ZeRO engine.
 
 As autograd finishes each parameter's gradient (``register_post_accumulate_grad_hook``)
-it is taken from ``.grad`` (zero-copy, as a NumPy or CuPy array); after the
-backward ``.grad`` holds a guard (``grad_guard``). ``grads`` says where it goes:
-kept per backward until ``step()``, or streamed into the engine's sum by ``step(closure)``. Every collective the
-bridge starts is announced first (``sync``), so ranks that make different
-calls get the same error instead of waiting for each other; ``join()`` lets
+it is taken from ``.grad`` (zero-copy, as a NumPy or CuPy array); after the backward
+``.grad`` holds a guard (``grad_guard``). ``grads`` says where the gradient goes: kept
+per backward until ``step()``, or streamed into the engine's sum by ``step(closure)``.
+Every collective the bridge starts is announced first (``sync``), so ranks that make
+different calls get the same error instead of waiting for each other; ``join()`` lets
 ranks run different numbers of backward passes in a step.
 """
 
