@@ -1,11 +1,11 @@
 """``shard(model, optimizer, stage=...)``: a torch module trained by the ZeRO engine.
 
 As autograd finishes each parameter's gradient (``register_post_accumulate_grad_hook``)
-it is taken from ``.grad`` (zero-copy, as a NumPy or CuPy array) and ``.grad``
-is left None; ``grads`` says where it goes: kept per backward until ``step()``,
-or streamed into the engine's sum by ``step(closure)``. Every collective the
-bridge starts is announced first (``sync``), so ranks that make different
-calls get the same error instead of waiting for each other; ``join()`` lets
+it is taken from ``.grad`` (zero-copy, as a NumPy or CuPy array); after the backward
+``.grad`` holds a guard (``grad_guard``). ``grads`` says where the gradient goes: kept
+per backward until ``step()``, or streamed into the engine's sum by ``step(closure)``.
+Every collective the bridge starts is announced first (``sync``), so ranks that make
+different calls get the same error instead of waiting for each other; ``join()`` lets
 ranks run different numbers of backward passes in a step.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -31,6 +32,7 @@ from mpizero.errors import ZeroError
 from mpizero.torch import checkpoints, habits, optim_state, rng, state
 from mpizero.torch.buffers import BufferSync
 from mpizero.torch.edits import GATHERED_RAISED, EditWatch
+from mpizero.torch.grad_guard import GradView
 from mpizero.torch.grads import GradientIntake
 from mpizero.torch.hooks import UnitHooks
 from mpizero.torch.meta import MetaInit, is_meta_model
@@ -39,7 +41,7 @@ from mpizero.torch.params import Binder
 from mpizero.torch.streams import TorchStream, on_torch_stream
 from mpizero.torch.sync import Announcer, Operation
 from mpizero.torch.tensors import as_array
-from mpizero.torch.units import default_units, plan_units, trainable
+from mpizero.torch.units import default_units, lopsided, plan_units, trainable
 
 WATCHDOG_SECONDS = 600.0  # torch.distributed's default timeout: a collective that waits longer ends the job
 
@@ -58,16 +60,15 @@ def shard(
 ) -> ShardedModel:
     """Train ``model``'s parameters with ZeRO ``stage`` over ``comm`` (default COMM_WORLD).
 
-    ``model`` must have the same parameters (names, shapes, values) on every
-    rank. ``units``: the submodules gathered together at stage 3 (default:
-    each child holding parameters). A model built on the meta device
-    (``with torch.device("meta"):``) is materialized one module at a time,
-    each rank keeping only what it holds, by each module's ``reset_parameters()``
-    or by ``init(module)`` (see ``meta``). ``trim_heap``: hand the C heap's free pages back to the OS when it
-    grew (see ``heap``; not where the parameters live on a GPU). ``seed``: what ``micro_batch(i)`` seeds
-    torch's generators from, with the step and ``i`` (default: ``torch.initial_seed()``, the same on every
-    rank). ``settings`` are the engine's (``reduction``, ``param_dtype``, ``clip_norm``, ``on_nonfinite``, ...);
-    ``watchdog`` defaults to 600 seconds (None turns it off).
+    ``model`` must have the same parameters (names, shapes, values) on every rank. ``units``: the submodules
+    gathered together at stage 3 (default: the repeated blocks, ``units.default_units``; a unit owning over half
+    the parameters is warned of). A model built on the meta device (``with torch.device("meta"):``) is
+    materialized one module at a time, each rank keeping only what it holds, by each module's
+    ``reset_parameters()`` or by ``init(module)`` (see ``meta``). ``trim_heap``: hand the C heap's free pages back
+    to the OS when it grew (see ``heap``; not where the parameters live on a GPU). ``seed``: what
+    ``micro_batch(i)`` seeds torch's generators from, with the step and ``i`` (default: ``torch.initial_seed()``,
+    the same on every rank). ``settings`` are the engine's (``reduction``, ``param_dtype``, ``clip_norm``,
+    ``on_nonfinite``, ...); ``watchdog`` defaults to 600 seconds (None turns it off).
     """
     if any(habits.owner_of(p) is not None for p in model.parameters()):
         raise ZeroError("this model is sharded already (shard() was called on it): shard a model once")
@@ -96,6 +97,7 @@ class ShardedModel:
         owning = [u for u in self.units if u.owned]
         groups = [list(u.owned) for u in owning]
         group_of = {name: g for g, u in enumerate(owning) for name in u.owned}
+        lopsided_warning = lopsided(self.units, trainable(model)) if stage == 3 else None  # before any placeholder
         on_meta = is_meta_model(trainable(model))
         meta = MetaInit(model, group_of, init) if on_meta else None  # first: it swaps the model's parameters
         self.params = trainable(model)
@@ -121,10 +123,14 @@ class ShardedModel:
                 self.hooks = UnitHooks(
                     model, self.units, group_of, self.binder, self._backward_started, self.torch_stream.around
                 )
+            if lopsided_warning:  # now the engine agreed on the groups it is made from: the same on every rank
+                warnings.warn(lopsided_warning, stacklevel=3)
             for name, p in self.params.items():  # weakly: see ``_grad_ready_of``
                 hook = partial(_grad_ready_of, weakref.ref(self), name)
                 p.register_post_accumulate_grad_hook(self.torch_stream.around(hook))
             self.grads = GradientIntake(self.engine, group_of, self.announcer.announce)
+            readable = self.engine.groups[0].plan.keeps_local_grads  # every rank can have the whole gradient
+            self.grad_view = GradView(self.params, readable, self._averaged_grads)
             self._in_backward = self._joining = False
             self._reduced = False  # this step's gradients were reduced before step() (clip_grad_norm_, gathered)
             self._grad_norm: float | None = None  # ... and clip_grad_norm_() clipped them to this norm
@@ -157,6 +163,7 @@ class ShardedModel:
         if self.hooks is not None:
             self.hooks.backward_done()
         self.grads.backward_done()
+        self.grad_view.guard()
         self._trim()
 
     def _trim(self) -> None:
@@ -247,6 +254,7 @@ class ShardedModel:
         finally:
             self.grads.reset()
             self._reduced, self._grad_norm, self._ended = False, None, None
+            self.grad_view.guard(stepped=True)
             self.binder.refresh()
             self.edits.record_unless_refused()
             self._trim()
@@ -320,20 +328,29 @@ class ShardedModel:
         if self._reduce_early() is not None:
             return math.inf
         self._grad_norm = self.engine.clip_grad_norm(float(max_norm))
+        self.grad_view.changed()
         return self._grad_norm
+
+    def _averaged_grads(self) -> dict[str, torch.Tensor]:
+        """Reduce this step's gradients now and gather the averaged ones (stages 0-1's use of a ``.grad``)."""
+        with self.torch_stream():
+            self.announcer.announce(Operation.READ_GRADS)
+            ended = self._reduce_early()
+            if ended is not None:
+                raise ZeroError("this step's gradients are not finite, so it is skipped: there are none to read")
+            return state.averaged_grads(self)
 
     @on_torch_stream
     def zero_grad(self) -> None:
         """Drop the gradients not yet stepped with, on every rank (collective if backward passes ran since the last
-        step: they are in the engine's sum already). ``.grad`` is always None: gradients go to the engine."""
+        step: they are in the engine's sum already); every ``.grad`` is None after it (``grad_guard``)."""
         if self.grads.started_reducing or self._reduced:
             raise StepOrderError("zero_grad() after this step's reductions started; call step() first")
         if self.grads.handed_in and not self.grads.streaming:
             self.announcer.announce(Operation.DISCARD)
             self.engine.discard_step()
             self.grads.reset()
-        for p in self.params.values():
-            p.grad = None
+        self.grad_view.clear()
 
     # State ----------------------------------------------------------------
 
@@ -366,8 +383,7 @@ class ShardedModel:
         finally:
             with self.torch_stream():
                 if grads:
-                    for p in self.params.values():
-                        p.grad = None
+                    self.grad_view.guard()
                 for index in held:
                     self.binder.release(index)
                 if left_normally:  # every rank is here: publishing the masters drops any edit not written back

@@ -109,9 +109,16 @@ def digest(tensors) -> str:
     return h.hexdigest()
 
 
-def show_grads(zero) -> None:
-    """Set each trainable parameter's ``.grad`` to a copy of its averaged gradient, gathered (collective)."""
+def averaged_grads(zero) -> dict[str, torch.Tensor]:
+    """A copy of each trainable parameter's averaged gradient, gathered, by name (collective)."""
+    grads = {}
     for index in range(len(zero.engine.groups)):
         for name, full in zero.engine.state_group(index, "grad").items():
-            param = zero.params[name]
-            param.grad = torch.from_numpy(full).to(param.device)
+            grads[name] = torch.from_numpy(full).to(zero.params[name].device)
+    return grads
+
+
+def show_grads(zero) -> None:
+    """Set each trainable parameter's ``.grad`` to a copy of its averaged gradient, gathered (collective)."""
+    for name, grad in averaged_grads(zero).items():
+        zero.params[name].grad = grad

@@ -46,6 +46,7 @@ class Operation(enum.IntEnum):
     DISCARD = 12
     OPTIMIZER_STATE_DICT = 13
     LOAD_OPTIMIZER_STATE_DICT = 14
+    READ_GRADS = 15
 
 
 DESCRIBED = {
@@ -64,6 +65,7 @@ DESCRIBED = {
     Operation.DISCARD: "called zero_grad() after backward passes, dropping them",
     Operation.OPTIMIZER_STATE_DICT: "called optimizer.state_dict()",
     Operation.LOAD_OPTIMIZER_STATE_DICT: "called optimizer.load_state_dict()",
+    Operation.READ_GRADS: "read a parameter's .grad (reducing the step's gradients)",
 }
 SHADOWED = (Operation.GATHER, Operation.REDUCE_ROUND)  # what joined ranks take part in
 PASSES = (*SHADOWED, Operation.JOINED, Operation.STEP, Operation.REDUCE)  # what uneven passes mismatch

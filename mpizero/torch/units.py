@@ -12,6 +12,7 @@ Glossary:
   (nested units excluded), owned here or elsewhere (a tied weight): what must be
   gathered before the unit runs.
 The model itself is the outermost unit when it holds parameters no other unit holds.
+By default (``default_units``) the units are the model's repeated blocks.
 """
 
 from __future__ import annotations
@@ -35,14 +36,47 @@ class Unit:
 
 
 def default_units(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Each child module holding parameters, looking inside ``ModuleList`` and ``ModuleDict``."""
-    found = []
-    for child in model.children():
-        if isinstance(child, CONTAINERS):
-            found.extend(default_units(child))
-        elif any(True for _ in child.parameters()):
-            found.append(child)
-    return found
+    """The model's repeated blocks (``blocks``); for a model with none, each child holding parameters."""
+    return list(blocks(model)) or [child for child in model.children() if _holds_parameters(child)]
+
+
+def blocks(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Each child holding parameters of the outermost ``ModuleList``, ``ModuleDict`` and ``Sequential`` of
+    repeated blocks under ``module``, as FSDP's transformer wrap policies wrap each layer: a block's own lists
+    stay in it, since a block is gathered whole for its forward anyway."""
+    for child in module.children():
+        if isinstance(child, CONTAINERS) or _repeats(child):
+            yield from (block for block in child.children() if _holds_parameters(block))
+        else:
+            yield from blocks(child)
+
+
+def _repeats(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a ``Sequential`` whose children holding parameters are two or more of one class."""
+    if not isinstance(module, torch.nn.Sequential):
+        return False
+    kinds = [type(child) for child in module.children() if _holds_parameters(child)]
+    return len(kinds) >= 2 and len(set(kinds)) == 1
+
+
+def _holds_parameters(module: torch.nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+def lopsided(units: Sequence[Unit], params: dict[str, torch.nn.Parameter]) -> str | None:
+    """A warning if one unit owns more than half of the trainable elements (stage 3 then gathers most of the
+    model at once), else None."""
+    total = sum(p.numel() for p in params.values())
+    for unit in units:
+        owned = sum(params[name].numel() for name in unit.owned)
+        if 2 * owned > total:
+            return (
+                f"stage 3 gathers each unit whole for its forward, and unit {unit.name!r} "
+                f"({type(unit.module).__name__}) holds {owned} of the {total} parameters ({owned / total:.0%}), so "
+                "little of the model stays sharded then: pass units= with smaller submodules (its repeated blocks, "
+                "say)"
+            )
+    return None
 
 
 def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:

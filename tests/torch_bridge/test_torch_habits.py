@@ -60,18 +60,48 @@ def test_clipping_part_of_a_model_or_by_value_names_the_way():
     assert torch.nn.utils.clip_grad_norm_(plain.parameters(), 1.0).item() > 0
 
 
-def test_grads_are_none_outside_and_the_averaged_gradient_inside_gathered_grads():
+def grad_norm(model) -> torch.Tensor:
+    """The grad-norm logging recipe as torch users write it."""
+    return sum(p.grad.norm() ** 2 for p in model.parameters() if p.grad is not None) ** 0.5
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_grads_read_the_averaged_gradient_at_stages_0_1_and_inside_gathered_grads_else_name_it(stage):
     torch.manual_seed(0)
     plain = Tied()
-    net, opt, zero = tied(3)
+    net, opt, zero = tied(stage)
     backward(plain)
     backward(net)
-    assert all(p.grad is None for p in net.parameters())
+    expected = grad_norm(plain).item()
+    if stage < 2:
+        assert grad_norm(net).item() == pytest.approx(expected, rel=1e-6)  # as clip_grad_norm_ against torch's
+    else:
+        with pytest.raises(mpizero.ZeroError, match=r"outside zero.gathered\(grads=True\)"):
+            grad_norm(net)
     with zero.gathered(grads=True):
         for mine, theirs in zip(net.parameters(), plain.parameters()):
             assert torch.allclose(mine.grad, theirs.grad, rtol=1e-5, atol=1e-7)  # the exact sum against torch's
-    assert all(p.grad is None for p in net.parameters())
+    with pytest.raises(mpizero.ZeroError, match="writing into .grad changes nothing there; clip with"):
+        net.body.weight.grad.mul_(0.5)
     opt.step()
+    with pytest.raises(mpizero.ZeroError, match=r"after step\(\)"):
+        grad_norm(net)
+    opt.zero_grad()
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_reading_grads_at_stage_1_leaves_the_step_bitwise_unchanged():
+    masters = []
+    for read in (False, True):
+        net, opt, zero = tied(1)
+        backward(net)
+        if read:
+            assert grad_norm(net).item() > 0
+        opt.step()
+        backward(net, seed=1)  # the next step's backward starts from .grad None again
+        opt.step()
+        masters.append(zero.master_params())
+    assert all(masters[0][name].tobytes() == masters[1][name].tobytes() for name in masters[0])
 
 
 def test_model_state_dict_at_stage_3_holds_the_full_masters_and_loads_into_a_plain_model():

@@ -1,7 +1,7 @@
 """Models as torch users write them, tiny, with deterministic micro-batches (for tests/torch_bridge/torch_users.py).
 
 Each ``make(kind)`` returns ``(model, units)``: the stage 3 units to pass to
-``shard`` (None for the default: each child holding parameters).
+``shard`` (None for the default, ``mpizero.torch.default_units``).
 """
 
 import torch

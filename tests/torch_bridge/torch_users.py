@@ -7,7 +7,8 @@ Each trains at stages 0-3 with 5 global micro-batches a step split unevenly
 over the ranks, under ``join()``: two steps with kept gradients, one with
 ``step(closure)``. Rank 0 prints ``digest MODEL STAGE HEX`` of the masters.
 With ``--features``: placeholders, gathered(), state dicts, and mismatched
-calls; each prints one ``ok`` line.
+calls; each prints one ``ok`` line. With ``--default-units``: GPT-2 at
+stages 0 and 3 without ``units=``.
 """
 
 import hashlib
@@ -156,6 +157,22 @@ def check_mismatch():
         assert "join()" not in str(error), error
     else:
         raise AssertionError("a state_dict() on one rank raised nothing")
+    # Stage 1: reading p.grad reduces the step's gradients (collective): on every rank it is the averaged one; on
+    # rank 0 alone (grad-norm logging under `if rank == 0:`) every rank gets the error naming the read.
+    model, zero = build("mlp", 1)
+    backward("mlp", zero, model, 0, comm.rank)
+    norms = comm.allgather(float(sum(p.grad.norm() ** 2 for p in model.parameters()) ** 0.5))
+    assert len(set(norms)) == 1, norms
+    zero.step()
+    backward("mlp", zero, model, 1, comm.rank)
+    try:
+        if comm.rank == 0:
+            float(model[0].weight.grad.norm())
+        zero.step()
+    except mpizero.ZeroError as error:
+        assert "ranks [0] read a parameter's .grad" in str(error) and "`if rank == 0:`" in str(error), error
+    else:
+        raise AssertionError("a .grad read on one rank raised nothing")
     # Stages 0-1: forward and backward make no collective call, so uneven passes need no join(), even where the
     # ranks with more start their reductions in their last backward (each start announced, in the same order).
     model, zero = build("mlp", 1)
@@ -200,9 +217,22 @@ def check_meta():
     say("meta ok")
 
 
+def check_default_units():
+    """GPT-2 at stage 3 without units=: each block is a unit, and the bytes are stage 0's."""
+    for stage in (0, 3):
+        model, _ = make("gpt2")
+        zero = shard(model, mpizero.AdamW(lr=1e-2, weight_decay=0.1), stage=stage)
+        train("gpt2", zero, model, steps=2)
+        say(f"units {stage} {[u.name for u in zero.units]}")
+        say(f"digest gpt2 {stage} {digest(zero.master_params().values())}")
+
+
 def main(argv):
     if argv == ["--meta"]:
         check_meta()
+        return
+    if argv == ["--default-units"]:
+        check_default_units()
         return
     if argv == ["--features"]:
         check_placeholders()
