@@ -142,3 +142,20 @@ def test_the_float32_wire_widened_gives_the_int64_encodes_bytes(seed, k, cap):
     assert widened[reach].tobytes() == total[reach].tobytes()
     with pytest.raises(ValueError, match="a float32 wire buffer holds one contribution"):
         kernels.encode(wire, x, k, 0, cap, False)
+
+
+@needs_compiler
+@pytest.mark.parametrize("count", [1, 2, 3, 7, 8, 1000])
+def test_the_compiled_decode_gives_numpys_bytes(count):
+    """int64 totals across the whole range (and 0, the extremes, odd values beyond float64's 53 bits) over
+    ``count * 2**k`` for scales from -140 to 140: the compiled pass and NumPy's chunks give the same float32
+    bytes, subnormals and infinities included."""
+    rng = np.random.default_rng(count)
+    total = (rng.integers(-(2**62), 2**62, 10_000) >> rng.integers(0, 62, 10_000)).astype(np.int64)
+    total[:5] = [0, 2**63 - 1, -(2**63), 2**53 + 1, -(2**60) - 3]
+    for k in (-140, -40, 0, 17, 62, 100, 140):
+        divisor = math.ldexp(float(count), k)
+        compiled_out, numpy_out = np.empty(total.size, np.float32), np.empty(total.size, np.float32)
+        assert kernels.decode(total, divisor, compiled_out)
+        exact.numpy_decode(total, divisor, numpy_out)
+        assert compiled_out.tobytes() == numpy_out.tobytes(), (count, k)

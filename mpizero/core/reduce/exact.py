@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from mpizero.arrays import CHUNK, array_module, read_back
-from mpizero.core.reduce import arithmetic
+from mpizero.core.reduce import arithmetic, kernels
 
 SUM_BITS = 62
 FLOAT32_BITS = 24
@@ -85,13 +85,20 @@ def decode(total, k: int, count: int, out) -> None:
     """Write the float32 mean ``total * 2**-k / count`` into ``out`` (same length, any shape)."""
     xp = array_module(total)
     flat_out = out.reshape(-1)
-    n = total.size
     divisor = math.ldexp(float(count), k)  # exact: (S * 2**-k) / count == S / (count * 2**k)
     if xp is not np:
         arithmetic.device_decode(xp, total, divisor, flat_out)  # one pass: the same bits (tests/test_fused.py)
         return
-    power_of_two = count & (count - 1) == 0  # then multiplying by the exact reciprocal is the same division
-    scaled = xp.empty(min(n, CHUNK), dtype=np.float64)
+    if kernels.decode(total, divisor, flat_out):  # one compiled pass: the same bits (tests/core/test_kernels.py)
+        return
+    numpy_decode(total, divisor, flat_out)
+
+
+def numpy_decode(total, divisor: float, flat_out) -> None:
+    """``decode``'s formula evaluated by NumPy in cache-sized chunks (the fallback, and what tests compare with)."""
+    n = total.size
+    power_of_two = math.frexp(divisor)[0] == 0.5  # then multiplying by the exact reciprocal is the same division
+    scaled = np.empty(min(n, CHUNK), dtype=np.float64)
     for start in range(0, n, CHUNK):
         stop = min(start + CHUNK, n)
         tmp = scaled[: stop - start]

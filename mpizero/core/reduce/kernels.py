@@ -1,4 +1,5 @@
-"""The host's encode kernel: one pass per tensor, built from ``arithmetic``'s formula by the system C compiler.
+"""The host's encode and decode kernels: one pass per tensor, built from ``arithmetic``'s formulas by the system C
+compiler.
 
 The encode reads each float32 element once, keeps the int64 total in the same
 pass, and returns the largest magnitude and how many elements it left out, so
@@ -7,9 +8,10 @@ contributions in one pass over the total (12 bytes an element and contribution,
 not 20): each is rounded on its own and int64 addition is associative, so its
 bytes are two single encodes'. The wire encode writes one contribution's
 rounded values as float32 (``arithmetic.rounded``), which the owner widens into
-its int64 sum (``widen``). It is compiled at first use (``mpizero.compiled``).
-Where no compiler works, or ``MPIZERO_HOST_KERNELS=numpy``
-is set, NumPy evaluates the same formula chunk by chunk: the same bits
+its int64 sum (``widen``). The decode reads the int64 total once and writes
+float32 once. They are compiled at first use (``mpizero.compiled``). Where no
+compiler works, or ``MPIZERO_HOST_KERNELS=numpy`` is set, NumPy evaluates the
+same formulas chunk by chunk: the same bits
 (``tests/core/test_kernels.py``), slower. Scales outside float32's exponent range,
 which need ``ldexp``, always take the NumPy path.
 """
@@ -89,6 +91,15 @@ int64_t mz_encode_wire(float *restrict out, const float *restrict x, size_t n, f
 }
 
 MZ_CLONES
+void mz_decode(const int64_t *restrict total, size_t n, double divisor, float *restrict out) {
+    for (size_t i = 0; i < n; i++) {
+        out[i] = """
+    + arithmetic.decode(arithmetic.HOST_C_OPS, "total[i]", "divisor")
+    + """;
+    }
+}
+
+MZ_CLONES
 void mz_encode_pair(int64_t *restrict total, const float *restrict x, const float *restrict y, size_t n, float f,
                     uint32_t lo, uint32_t hi, int assign, uint32_t *tops, int64_t *outsides) {
     uint32_t top = 0, top_y = 0;
@@ -138,6 +149,16 @@ def widen(wire, total) -> None:
             piece = whole[: stop - start]
             piece[...] = wire[start:stop]
             total[start:stop] += piece
+
+
+def decode(total, divisor: float, out) -> bool:
+    """``out = total / divisor`` rounded once to float32 (``arithmetic.decode``; flat int64 ``total``, flat float32
+    ``out``) in one compiled pass; False, writing nothing, where there is no compiled kernel."""
+    library = _library()[0]
+    if library is None or not out.flags.c_contiguous:
+        return False
+    library.mz_decode(_address(total), total.size, divisor, out.ctypes.data)
+    return True
 
 
 def encode_pair(total, x, y, k: int, lo: int, hi: int, assign: bool) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -216,6 +237,8 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         *(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_float),
         *(ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)),
     ]
+    library.mz_decode.restype = None
+    library.mz_decode.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_double, ctypes.c_void_p]
     library.mz_encode_pair.restype = None
     library.mz_encode_pair.argtypes = [
         *(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_float),
