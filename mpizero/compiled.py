@@ -4,7 +4,8 @@ The host's kernels (the encode, the optimizer update) are generated C: each is c
 or ``$CC``) into a library cached under ``~/.cache/mpizero`` (``MPIZERO_CACHE_DIR``) and loaded with ctypes.
 ``FLAGS`` keep every float operation rounding on its own (``-ffp-contract=off``: no fused multiply-add; no
 ``-ffast-math``), so a kernel gives the bits NumPy gives for the same formula. Where no compiler works, or
-``MPIZERO_HOST_KERNELS=numpy`` is set, ``library`` says why and the caller evaluates the formula with NumPy.
+``MPIZERO_HOST_KERNELS=numpy`` is set, ``kernel_library`` says why and the caller evaluates the formula with
+NumPy. ``load`` compiles other C (its own flags, no header), such as the offload files' fault handler.
 """
 
 from __future__ import annotations
@@ -35,28 +36,36 @@ HEADER = """#include <math.h>
 """  # MZ_CLONES: the x86-64-v4 (AVX-512) or v3 loop is picked at load time where the CPU has it
 
 
-def library(stem: str, source: str) -> tuple[ctypes.CDLL | None, str]:
-    """``HEADER + source`` as a loaded library and a description, or None and why NumPy must be used."""
+def kernel_library(stem: str, source: str) -> tuple[ctypes.CDLL | None, str]:
+    """A host kernel's library: ``HEADER + source`` with ``FLAGS``, and a description; or None and why NumPy
+    must be used (``MPIZERO_HOST_KERNELS=numpy``, no compiler, or it failed)."""
     if os.environ.get(ENV_VAR) == "numpy":
         return None, f"numpy ({ENV_VAR}=numpy)"
+    library, why = load(stem, HEADER + source, FLAGS)
+    return library, f"compiled ({why})" if library is not None else f"numpy ({why})"
+
+
+def load(stem: str, source: str, flags: list[str]) -> tuple[ctypes.CDLL | None, str]:
+    """The library ``stem`` compiled from ``source`` with ``flags``, and the compiler's name; or None and why not
+    (no compiler, or it failed)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        return None, "numpy (no C compiler found)"
+        return None, "no C compiler found"
     try:
-        return _loaded(compiler, stem, HEADER + source), f"compiled ({Path(compiler).name})"
+        return _loaded(compiler, stem, source, tuple(flags)), Path(compiler).name
     except (OSError, subprocess.SubprocessError) as error:
-        return None, f"numpy ({compiler} failed: {str(error).splitlines()[0][:120]})"
+        return None, f"{compiler} failed: {str(error).splitlines()[0][:120]}"
 
 
 @functools.cache
-def _loaded(compiler: str, stem: str, source: str) -> ctypes.CDLL:
-    return ctypes.CDLL(str(_compiled(compiler, stem, source)))
+def _loaded(compiler: str, stem: str, source: str, flags: tuple[str, ...]) -> ctypes.CDLL:
+    return ctypes.CDLL(str(_compiled(compiler, stem, source, flags)))
 
 
-def _compiled(compiler: str, stem: str, source: str) -> Path:
-    """The cached library for this source, compiler and machine, compiled first if missing (atomically)."""
+def _compiled(compiler: str, stem: str, source: str, flags: tuple[str, ...]) -> Path:
+    """The cached library for this source, flags, compiler and machine, compiled first if missing (atomically)."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60, check=True)
-    identity = "\n".join([source, compiler, version.stdout.splitlines()[0], platform.machine(), *FLAGS])
+    identity = "\n".join([source, compiler, version.stdout.splitlines()[0], platform.machine(), *flags])
     path = _cache_dir() / f"{stem}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.so"
     if path.exists():
         return path
@@ -64,7 +73,7 @@ def _compiled(compiler: str, stem: str, source: str) -> Path:
     partial = path.with_name(f"{path.stem}-{secrets.token_hex(4)}.so.partial")
     try:
         written.write_text(source)
-        command = [compiler, *FLAGS, str(written), "-o", str(partial), "-lm"]
+        command = [compiler, *flags, str(written), "-o", str(partial), "-lm"]
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise OSError(f"exit {done.returncode}: {done.stderr.strip()}")

@@ -254,7 +254,7 @@ def sum_block(views: list[np.ndarray], start: int, out: np.ndarray) -> None:
 @functools.cache
 def _compiled_sum():
     """``mz_sum``, typed, or None where nothing compiles (or ``MPIZERO_HOST_KERNELS=numpy``)."""
-    library = compiled.library("sum", SUM_SOURCE)[0]
+    library = compiled.kernel_library("sum", SUM_SOURCE)[0]
     if library is None:
         return None
     library.mz_sum.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]

@@ -46,7 +46,7 @@ def kernel(rule, hyper, constants: dict, states: list[str]):
 
 @functools.cache
 def _function(source: str, written: int):
-    library, _ = compiled.library("update", source)
+    library, _ = compiled.kernel_library("update", source)
     if library is None:
         return None
     function = library.mz_update

@@ -224,7 +224,7 @@ def _address(array) -> int:
 @functools.cache
 def _library() -> tuple[ctypes.CDLL | None, str]:
     """The compiled kernel library and a description, or None and the reason NumPy is used."""
-    library, description = compiled.library("encode", SOURCE)
+    library, description = compiled.kernel_library("encode", SOURCE)
     if library is None:
         return None, description
     library.mz_encode.restype = ctypes.c_int64
