@@ -20,6 +20,7 @@ from functools import partial
 
 import torch
 
+from mpizero.torch.sync import Operation
 from mpizero.torch.units import Unit
 
 
@@ -56,32 +57,33 @@ class UnitHooks:
             self.order = list(dict.fromkeys(self.seen))
         self.binder.drop_prefetched()
 
-    def _acquire(self, u: int) -> None:
+    def _acquire(self, u: int, gather: Operation = Operation.GATHER) -> None:
         for g in self.needs[u]:
-            self.binder.acquire(g)
+            self.binder.acquire(g, gather)
 
     def _release(self, u: int) -> None:
         for g in self.needs[u]:
             self.binder.release(g)
 
-    def _prefetch(self, u: int, step: int) -> None:
+    def _prefetch(self, u: int, step: int, gather: Operation = Operation.GATHER) -> None:
         """Prefetch the unit ``step`` places from ``u`` in the last forward's order."""
         if u in self.order:
             at = self.order.index(u) + step
             if 0 <= at < len(self.order):
                 for g in self.needs[self.order[at]]:
-                    self.binder.prefetch(g)
+                    self.binder.prefetch(g, gather)
 
     def _before_forward(self, u: int, module, args) -> None:
+        gather = Operation.GATHER if torch.is_grad_enabled() else Operation.EVAL_GATHER  # told apart: see sync
         if self.lazy[u]:
             needed = any(self.binder.holders[g] == 0 for g in self.needs[u])
             self.acquired.append(needed)
             if needed:
-                self._acquire(u)
+                self._acquire(u, gather)
             return
         self.seen.append(u)
-        self._acquire(u)
-        self._prefetch(u, +1)
+        self._acquire(u, gather)
+        self._prefetch(u, +1, gather)
 
     def _after_forward(self, u: int, module, args, output) -> None:
         if self.lazy[u] and not self.acquired.pop():

@@ -114,20 +114,22 @@ class Binder:
         for spec in self.engine.groups[index].layout.specs:
             flat[spec.offset : spec.stop] = views[spec.name].reshape(-1)
 
-    def prefetch(self, index: int) -> None:
-        """Start gathering group ``index`` if nobody holds it (stage 3); ``acquire`` completes it."""
+    def prefetch(self, index: int, gather: Operation = Operation.GATHER) -> None:
+        """Start gathering group ``index`` if nobody holds it (stage 3); ``acquire`` completes it. ``gather``: as
+        what it is announced (``GATHER``, or ``EVAL_GATHER`` for a forward without gradients)."""
         if self.holders[index] or index in self.in_flight:
             return
-        self.announcer.announce(Operation.GATHER, index)
+        self.announcer.announce(gather, index)
         out = self.buffers[index].allocate() if self.zero_copy else None
         self.engine.gather(index, blocking=False, out=out)
         self.in_flight.add(index)
 
-    def acquire(self, index: int) -> None:
-        """Make group ``index``'s torch parameters hold the full values until the matching ``release``."""
+    def acquire(self, index: int, gather: Operation = Operation.GATHER) -> None:
+        """Make group ``index``'s torch parameters hold the full values until the matching ``release``
+        (``gather``: as ``prefetch``'s)."""
         if self.holders[index] == 0:
             if index not in self.in_flight:
-                self.announcer.announce(Operation.GATHER, index)
+                self.announcer.announce(gather, index)
             if self.zero_copy:
                 self.engine.gather(index, out=self.buffers[index].allocate())
             else:

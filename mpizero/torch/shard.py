@@ -223,7 +223,11 @@ class ShardedModel:
             self._joining = False
         with self.torch_stream():
             self.announcer.serve_joined(
-                {Operation.GATHER: self._shadow_gather, Operation.REDUCE_ROUND: self._shadow_round}
+                {
+                    Operation.GATHER: self._shadow_gather,
+                    Operation.EVAL_GATHER: self._shadow_gather,
+                    Operation.REDUCE_ROUND: self._shadow_round,
+                }
             )
 
     def _shadow_gather(self, index: int) -> None:

@@ -47,6 +47,7 @@ class Operation(enum.IntEnum):
     OPTIMIZER_STATE_DICT = 13
     LOAD_OPTIMIZER_STATE_DICT = 14
     READ_GRADS = 15
+    EVAL_GATHER = 16
 
 
 DESCRIBED = {
@@ -66,9 +67,12 @@ DESCRIBED = {
     Operation.OPTIMIZER_STATE_DICT: "called optimizer.state_dict()",
     Operation.LOAD_OPTIMIZER_STATE_DICT: "called optimizer.load_state_dict()",
     Operation.READ_GRADS: "read a parameter's .grad (reducing the step's gradients)",
+    Operation.EVAL_GATHER: "gathered parameters for a forward without gradients (evaluation, torch.no_grad())",
 }
-SHADOWED = (Operation.GATHER, Operation.REDUCE_ROUND)  # what joined ranks take part in
-PASSES = (*SHADOWED, Operation.JOINED, Operation.STEP, Operation.REDUCE)  # what uneven passes mismatch
+SHADOWED = (Operation.GATHER, Operation.EVAL_GATHER, Operation.REDUCE_ROUND)  # what joined ranks take part in
+# what uneven training passes mismatch; an evaluation's gathers are told apart from training's, so that one
+# run on some ranks only (``if rank == 0: evaluate()``) is named as a call those ranks alone made
+PASSES = (Operation.GATHER, Operation.REDUCE_ROUND, Operation.JOINED, Operation.STEP, Operation.REDUCE)
 BY_GROUP = (*SHADOWED, Operation.REDUCE)  # operations on one group, named with it
 
 

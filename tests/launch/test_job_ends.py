@@ -57,6 +57,7 @@ def test_a_rank_that_finishes_while_others_wait_ends_the_job_in_seconds(how):
     assert done.returncode != 0 and time.monotonic() - start < 30, done.stderr
     expected = "mpizero watchdog: rank 2: rank 1 finished (exited or called MPI_Finalize) while this rank waits in "
     assert [line for line in mpizero_lines(done.stderr) if line.startswith(expected)], done.stderr
+    assert "must be made on every rank, not under `if rank == 0:`" in done.stderr, done.stderr  # names the fix
 
 
 def test_ranks_that_finish_at_different_times_end_cleanly():

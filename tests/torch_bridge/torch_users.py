@@ -157,6 +157,21 @@ def check_mismatch():
         assert "join()" not in str(error), error
     else:
         raise AssertionError("a state_dict() on one rank raised nothing")
+    # Evaluation at stage 3 on one rank only (`if rank == 0: evaluate()`): its gathers are an evaluation's, told
+    # apart from the others' training forward, so the hint is the same, not join().
+    model, zero = build("mlp", 3)
+    try:
+        if comm.rank == 0:
+            with torch.no_grad():
+                model(batch("mlp", 0, 0)[0])
+        backward("mlp", zero, model, 0, comm.rank)
+        zero.step()
+    except mpizero.ZeroError as error:
+        assert "ranks [0] gathered parameters for a forward without gradients" in str(error), error
+        assert "must be made on every rank, not under `if rank == 0:`" in str(error), error
+        assert "join()" not in str(error), error
+    else:
+        raise AssertionError("an evaluation on one rank raised nothing")
     # Stage 1: reading p.grad reduces the step's gradients (collective): on every rank it is the averaged one; on
     # rank 0 alone (grad-norm logging under `if rank == 0:`) every rank gets the error naming the read.
     model, zero = build("mlp", 1)

@@ -28,6 +28,10 @@ from mpizero.comm.job.ending import end_job
 
 EXIT_STATUS = 3
 GRACE = 2.0
+FINISHED_HINT = (
+    "a collective call only this rank made must be made on every rank, not under `if rank == 0:` (saving, "
+    "save_pretrained, state_dict(), an evaluation at stage 3), and every rank must run the same steps"
+)
 POLL = 0.25
 
 
@@ -73,6 +77,7 @@ class Watchdog:
             who = f"rank {finished[0]}" if len(finished) == 1 else f"ranks {finished}"
             self._end(
                 f"{who} finished (exited or called MPI_Finalize) while this rank waits in {current[0]} ({self.context})"
+                f"; {FINISHED_HINT}"
             )
         return heard_at
 
