@@ -1,4 +1,5 @@
-"""torch.compile on a sharded model works at stages 0-3 and gives the same bytes at every world size."""
+"""torch.compile on a sharded model works at stages 0-3: compiled whole, the same bytes at every world size stage
+by stage; compiled unit by unit, one digest at every stage and world size."""
 
 import re
 
@@ -16,6 +17,7 @@ def runs():
 @pytest.mark.parametrize("n", [1, 2])
 def test_compiled_models_give_the_same_bytes_at_every_world_size(n, runs):
     out = run_mpi_ok(n, ["-m", "mpi4py", "tests/torch_bridge/torch_compile.py"], timeout=600)
-    runs[n] = dict(re.findall(r"^digest (\d) (\w+)$", out, re.M))
-    assert sorted(runs[n]) == ["0", "1", "2", "3"], out
+    runs[n] = {(how, stage): digest for how, stage, digest in re.findall(r"^digest (\w+) (\d) (\w+)$", out, re.M)}
+    assert sorted(runs[n]) == [(how, str(stage)) for how in ("units", "whole") for stage in range(4)], out
     assert runs[n] == runs[min(runs)], f"-n {n} differs from -n {min(runs)} (stage by stage)"
+    assert len({runs[n]["units", str(stage)] for stage in range(4)}) == 1, runs[n]  # one digest at every stage
