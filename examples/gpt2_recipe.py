@@ -10,6 +10,7 @@ Every world size trains to the same bytes: dropout is keyed to each micro-batch'
 """
 
 import argparse
+import hashlib
 import math
 import os
 import sysconfig
@@ -136,6 +137,9 @@ def main(argv=None) -> mpizero.torch.ShardedModel:
             print(f"step {step:>4}  loss {loss:.4f}  grad norm {norm.item():.3f}  lr {scheduler.get_last_lr()[0]:.2e}")
         if args.checkpoint_dir and (step + 1) % args.checkpoint_every == 0:
             zero.save(args.checkpoint_dir, data={"seed": args.seed}, keep=2, scheduler=scheduler)
+    masters = zero.master_params()  # collective: on every rank
+    if comm.rank == 0:  # the same at any world size and stage, and across a resume
+        print("digest", hashlib.sha256(b"".join(masters[name].tobytes() for name in sorted(masters))).hexdigest())
     return zero
 
 
