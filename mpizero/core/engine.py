@@ -184,6 +184,12 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         tally.measured |= can_redo and not self.scales.streams(index)
         tally.unheld |= keep is Keep.REDO
 
+    def streams(self, index: int) -> bool:
+        """Whether this step's pass encodes group ``index`` before the scales are agreed, so that its rounds are
+        collective (the same on every rank). Begins the step: before that, the scales are the last step's."""
+        self._begin_step()
+        return self.scales.streams(index)
+
     def reduce_round(self, index: int, grads: Mapping | None, keep: str = "copy", can_redo: bool = False) -> None:
         """Reduce-scatter one round of group ``index`` into its streamed sum now, as DeepSpeed and FSDP do.
 

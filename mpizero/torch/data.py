@@ -58,24 +58,27 @@ class StepSampler(torch.utils.data.Sampler):
 
     def __len__(self) -> int:
         """This rank's micro-batches in one epoch."""
-        return sum(len(mine) for _, mine in self._steps())
+        return sum(len(mine) for _, _, mine in self._steps())
 
     def __iter__(self) -> Iterator[list[int]]:
         order = self._order()
-        for _, mine in self._steps():
+        for _, _, mine in self._steps():
             for index in mine:
-                yield order[index * self.micro_batch_size : (index + 1) * self.micro_batch_size]
+                yield self._samples(order, index)
 
     def steps(self, loader: Iterable) -> Iterator[list[tuple[int, object]]]:
         """Each step's ``[(index in the global batch, batch), ...]`` for this rank, from ``loader``'s batches (a
         ``DataLoader`` on this sampler: its batches come in the sampler's order)."""
         batches = iter(loader)
-        for step, mine in self._steps():
-            first = step * self.micro_batches
-            yield [(index - first, next(batches)) for index in mine]
+        for _, everyone, mine in self._steps():
+            yield [(index - everyone.start, next(batches)) for index in mine]
 
-    def _steps(self) -> Iterator[tuple[int, range]]:
-        """Each step and this rank's micro-batches of it, numbered over the epoch."""
+    def _samples(self, order: list[int], index: int) -> list[int]:
+        """The dataset indices of micro-batch ``index`` of the epoch (numbered over the epoch)."""
+        return order[index * self.micro_batch_size : (index + 1) * self.micro_batch_size]
+
+    def _steps(self) -> Iterator[tuple[int, range, range]]:
+        """Each step, its micro-batches and this rank's of them, numbered over the epoch."""
         per_step = self.micro_batch_size * self.micro_batches
         samples = self.dataset_size - (self.dataset_size % per_step if self.drop_last else 0)
         in_epoch = -(-samples // self.micro_batch_size)  # the last one may be short
@@ -83,7 +86,7 @@ class StepSampler(torch.utils.data.Sampler):
             first = step * self.micro_batches
             count = min(self.micro_batches, in_epoch - first)
             share = split_evenly(count, self.world_size, self.rank)
-            yield step, range(first + share.start, first + share.stop)
+            yield step, range(first, first + count), range(first + share.start, first + share.stop)
 
     def _order(self) -> list[int]:
         """The epoch's order of the dataset: a permutation seeded by ``seed`` and the epoch, or the dataset's."""

@@ -70,7 +70,7 @@ class GradientIntake:
         # autograd made these arrays, and nobody writes them again; a closure can run again, a plain loop cannot
         hand_in = {"keep": "reference", "can_redo": self.streaming}
         if self.per_round:
-            if self.engine.scales.streams(group):  # the same on every rank: only then is there a collective
+            if self.engine.streams(group):  # the same on every rank: only then is there a collective
                 self.announce(Operation.REDUCE_ROUND, group)
             self.engine.reduce_round(group, contribution, **hand_in)
         elif contribution is not None:

@@ -323,6 +323,8 @@ class ShardedModel:
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> float:
         """Reduce this step's gradients now and clip them to global L2 norm ``max_norm``; return the norm before.
 
+        ``max_norm=math.inf`` measures the norm without clipping, as torch's ``clip_grad_norm_`` does.
+
         As FSDP's: call it after the backward passes and before ``step()`` (collective). With ``step(closure)``
         pass ``clip_norm=`` to ``shard()`` instead; the step's ``grad_norm`` reports the norm.
         """
@@ -481,6 +483,6 @@ def _clip_problem(max_norm, norm_type, streaming: bool, grad_norm) -> str | None
         return "clip_grad_norm_() twice in one step"
     if norm_type != 2.0:
         return f"only the L2 norm (norm_type=2.0) is supported, got norm_type={norm_type!r}"
-    if not (isinstance(max_norm, (int, float)) and math.isfinite(max_norm) and max_norm > 0):
-        return f"max_norm must be a positive number, got {max_norm!r}"
+    if not (isinstance(max_norm, (int, float)) and max_norm > 0):  # NaN is not; inf measures without clipping
+        return f"max_norm must be a positive number (inf: measure the norm only), got {max_norm!r}"
     return None

@@ -32,6 +32,7 @@ FLOORS = {
     "mpizero.training": 7,
     "mpizero.torch": 7,
     "mpizero.cli": 8,
+    "mpizero.integrations": 8,
     "mpizero.__main__": 9,
 }
 

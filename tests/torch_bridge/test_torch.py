@@ -48,6 +48,16 @@ def test_checkpoint_reshards_from_stage_3_at_2_ranks_to_stage_1_at_3(digests, tm
     assert f"resumed digest {digests[1][('transformer', '1')]}" in out
 
 
+def test_a_rank_without_micro_batches_in_a_step_takes_part_from_join():
+    """Stages 2-3 reduce each backward as it ends; a rank with no backward in a step must hear of every round
+    (the first step's included, which has no scales predicted yet, and the next's, which has)."""
+    found = {}
+    for n in (1, 4):
+        out = run_mpi_ok(n, ["-m", "mpi4py", "tests/torch_bridge/torch_idle_rank.py"], timeout=120)
+        found[n] = dict(re.findall(r"^digest (\d) (\w+)$", out, re.M))
+    assert sorted(found[1]) == ["2", "3"] and found[4] == found[1]
+
+
 @pytest.mark.parametrize("n", [2])  # agreed: one rank's error is every rank's
 def test_errors_are_the_engines_agreed_errors(n):
     assert "torch errors ok" in run_mpi_ok(n, ["-m", "mpi4py", "tests/torch_bridge/torch_errors.py"], timeout=120)

@@ -48,6 +48,23 @@ def test_clip_grad_norm_clips_through_the_engine_and_returns_torchs_norm(stage):
     opt.step()
 
 
+def test_clip_grad_norm_by_inf_measures_the_norm_and_clips_nothing():
+    torch.manual_seed(0)
+    plain = Tied()
+    net, opt, zero = tied(2)
+    backward(plain)
+    backward(net)
+    with pytest.raises(mpizero.ZeroError, match="max_norm must be a positive number"):
+        torch.nn.utils.clip_grad_norm_(net.parameters(), float("nan"))
+    expected = torch.nn.utils.clip_grad_norm_(plain.parameters(), float("inf"))
+    found = torch.nn.utils.clip_grad_norm_(net.parameters(), float("inf"))
+    assert found.item() == pytest.approx(expected.item(), rel=1e-6) and expected.item() > 1.0
+    with zero.gathered(grads=True):  # not scaled down: the gradients torch's unclipped ones
+        for mine, theirs in zip(net.parameters(), plain.parameters()):
+            assert torch.allclose(mine.grad, theirs.grad, rtol=1e-5, atol=1e-7)
+    opt.step()
+
+
 def test_clipping_part_of_a_model_or_by_value_names_the_way():
     net, _, _ = tied(2)
     backward(net)
