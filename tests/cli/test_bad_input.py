@@ -44,6 +44,7 @@ CASES = [
     (1, "train --global-batch 10 --micro-batches 4", "--global-batch 10 must split into --micro-batches 4"),
     (1, "train --bucket-elems 0", "--bucket-elems: must be from 1 to 2147483647"),
     (1, "train --watchdog -1", "--watchdog: must be a finite number >= 0"),
+    (1, "train --watchdog 1e-300", "--watchdog: must be 0 (no watchdog) or at least 1 s"),
     (1, "train --stage 4", "--stage: invalid choice: 4"),
     (1, "train --model cnn", "--model: invalid choice: 'cnn'"),
     (1, "train --optimizer rmsprop", "--optimizer: invalid choice: 'rmsprop'"),
