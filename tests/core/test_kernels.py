@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mpizero import compiler
 from mpizero.core.reduce import exact, kernels
 
 SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-40, 3e38, 0.5, -1.5, 2.5], dtype=np.float32)
@@ -88,7 +89,7 @@ def test_numpy_is_used_when_asked_or_without_a_compiler(tmp_path):
         ({kernels.ENV_VAR: "numpy"}, "numpy (MPIZERO_HOST_KERNELS=numpy)"),
         ({"CC": "/nonexistent/cc"}, "numpy (/nonexistent/cc failed"),
     ]:
-        full = {**os.environ, **env, kernels.CACHE_ENV_VAR: str(tmp_path)}
+        full = {**os.environ, **env, compiler.CACHE_ENV_VAR: str(tmp_path)}
         done = subprocess.run([sys.executable, "-c", script], env=full, capture_output=True, text=True, timeout=120)
         assert done.stdout.startswith(expected), (done.stdout, done.stderr)
 
@@ -96,7 +97,7 @@ def test_numpy_is_used_when_asked_or_without_a_compiler(tmp_path):
 @needs_compiler
 def test_the_library_is_compiled_once_into_the_cache(tmp_path):
     script = "from mpizero.core.reduce import kernels; print(kernels.backend())"
-    env = {**os.environ, kernels.CACHE_ENV_VAR: str(tmp_path)}
+    env = {**os.environ, compiler.CACHE_ENV_VAR: str(tmp_path)}
     runs = [
         subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True) for _ in range(3)
     ]

@@ -7,10 +7,9 @@ contributions in one pass over the total (12 bytes an element and contribution,
 not 20): each is rounded on its own and int64 addition is associative, so its
 bytes are two single encodes'. The wire encode writes one contribution's
 rounded values as float32 (``arithmetic.rounded``), which the owner widens into
-its int64 sum (``widen``). It is compiled at first use
-(``cc``, or ``$CC``) into a shared library cached under ``~/.cache/mpizero``
-(``MPIZERO_CACHE_DIR``), with the x86-64-v4 (AVX-512) loop picked at load time
-where the CPU has it. Where no compiler works, or ``MPIZERO_HOST_KERNELS=numpy``
+its int64 sum (``widen``). It is compiled at first use (``mpizero.compiler``:
+``cc``, or ``$CC``, cached), with the x86-64-v4 (AVX-512) loop picked at load
+time where the CPU has it. Where no compiler works, or ``MPIZERO_HOST_KERNELS=numpy``
 is set, NumPy evaluates the same formula chunk by chunk: the same bits
 (``tests/core/test_kernels.py``), slower. Scales outside float32's exponent range,
 which need ``ldexp``, always take the NumPy path.
@@ -20,23 +19,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import math
 import os
-import platform
-import secrets
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import numpy as np
 
+from mpizero import compiler
 from mpizero.arrays import CHUNK
 from mpizero.core.reduce import arithmetic
 
 ENV_VAR = "MPIZERO_HOST_KERNELS"
-CACHE_ENV_VAR = "MPIZERO_CACHE_DIR"
 FLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off"]
 LOOP = """    for (size_t i = 0; i < n; i++) {{
         float v = x[i];
@@ -227,14 +219,9 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     """The compiled kernel library and a description, or None and the reason NumPy is used."""
     if os.environ.get(ENV_VAR) == "numpy":
         return None, f"numpy ({ENV_VAR}=numpy)"
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        return None, "numpy (no C compiler found)"
-    try:
-        path = _compiled(compiler)
-        library = ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError) as error:
-        return None, f"numpy ({compiler} failed: {str(error).splitlines()[0][:120]})"
+    library, said = compiler.load("encode", SOURCE, FLAGS)
+    if library is None:
+        return None, f"numpy ({said})"
     library.mz_encode.restype = ctypes.c_int64
     library.mz_encode.argtypes = [
         *(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_float),
@@ -251,39 +238,4 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         *(ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_uint32)),
         ctypes.POINTER(ctypes.c_int64),
     ]
-    return library, f"compiled ({Path(compiler).name})"
-
-
-def _compiled(compiler: str) -> Path:
-    """The cached library for this source, compiler and machine, compiled first if missing (atomically)."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60, check=True)
-    identity = "\n".join([SOURCE, compiler, version.stdout.splitlines()[0], platform.machine(), *FLAGS])
-    path = _cache_dir() / f"encode-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.so"
-    if path.exists():
-        return path
-    source = path.with_name(f"{path.stem}-{secrets.token_hex(4)}.c")
-    partial = path.with_name(f"{path.stem}-{secrets.token_hex(4)}.so.partial")
-    try:
-        source.write_text(SOURCE)
-        command = [compiler, *FLAGS, str(source), "-o", str(partial), "-lm"]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise OSError(f"exit {done.returncode}: {done.stderr.strip()}")
-        os.replace(partial, path)  # atomic: ranks compiling at once each publish a whole library
-    finally:
-        source.unlink(missing_ok=True)
-        partial.unlink(missing_ok=True)
-    return path
-
-
-def _cache_dir() -> Path:
-    """Where compiled kernels are kept: ``$MPIZERO_CACHE_DIR``, else ``$XDG_CACHE_HOME/mpizero`` or ``~/.cache``."""
-    chosen = os.environ.get(CACHE_ENV_VAR) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "mpizero"
-    )
-    try:
-        os.makedirs(chosen, exist_ok=True)
-    except OSError:
-        chosen = os.path.join(tempfile.gettempdir(), f"mpizero-{os.getuid()}")
-        os.makedirs(chosen, exist_ok=True)
-    return Path(chosen)
+    return library, f"compiled ({said})"
