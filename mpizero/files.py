@@ -190,9 +190,7 @@ def directory_problems(flag: str, path: str) -> list[str]:
     tree = _in_system_tree(path)
     if tree:
         return [f"{flag} {path} is under {tree}: not a place for output"]
-    existing = os.path.abspath(path)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
+    existing = _existing(path)
     if not os.path.isdir(existing):
         what = "is" if existing == os.path.abspath(path) else f"lies under {existing}, which is"
         return [f"{flag} {path} {what} a file, not a directory"]
@@ -201,22 +199,28 @@ def directory_problems(flag: str, path: str) -> list[str]:
     return []
 
 
-def space_problems(needs: dict[str, tuple[str, int]]) -> list[str]:
-    """Whether each file system has room for what will be written on it: ``{flag: (path, bytes)}``."""
-    by_device: dict[int, tuple[list[str], int, int]] = {}
-    for flag, (path, nbytes) in needs.items():
-        existing = os.path.abspath(path)
-        while not os.path.exists(existing):
-            existing = os.path.dirname(existing)
-        info = os.statvfs(existing)
-        flags, total, _ = by_device.get(os.stat(existing).st_dev, ([], 0, 0))
-        by_device[os.stat(existing).st_dev] = (
-            [*flags, f"{flag} {path}"],
-            total + nbytes,
-            info.f_bavail * info.f_frsize,
-        )
+def space_problems(needs: list[tuple[str, str, int]]) -> list[str]:
+    """Whether each file system has room for everything that will be written on it together: ``(flag, path,
+    bytes)`` of each writer (the ranks of one host each name their own offload files)."""
+    parts: dict[int, dict[str, int]] = {}
+    free: dict[int, int] = {}
+    for flag, path, nbytes in needs:
+        existing = _existing(path)
+        device, info = os.stat(existing).st_dev, os.statvfs(existing)
+        free[device] = info.f_bavail * info.f_frsize
+        named = parts.setdefault(device, {})
+        named[f"{flag} {path}"] = named.get(f"{flag} {path}", 0) + nbytes
     return [
-        f"not enough free space for {' and '.join(flags)}: about {total:,} bytes needed, {free:,} free"
-        for flags, total, free in by_device.values()
-        if total > free
+        f"not enough free space for {' and '.join(f'{name} ({n:,} bytes)' for name, n in named.items())} on one "
+        f"file system: about {sum(named.values()):,} bytes needed together, {free[device]:,} free"
+        for device, named in parts.items()
+        if sum(named.values()) > free[device]
     ]
+
+
+def _existing(path: str) -> str:
+    """``path``, or its nearest ancestor that exists (where it would be made)."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    return existing

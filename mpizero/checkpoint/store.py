@@ -77,6 +77,7 @@ def save(
     _agree(collectives, problem, partial)
     digest: list = []
     problem = _attempt(lambda: digest.append(_write_rank_file(engine, partial, rank, block_bytes)))
+    problem = engine.states_problem() or problem  # an offload file cut before or while it was saved: no checkpoint
     faults.maybe_kill("save", training_state["step"], rank)
     _agree(collectives, problem, partial)
     digests = collectives.gather_object(digest[0], "the rank files' digests")

@@ -80,7 +80,8 @@ def make_parser() -> Parser:
 
 def check_paths(args, module, collectives) -> None:
     """Raise on every rank unless rank 0 can write every output the flags name without clobbering a checkpoint,
-    an input or another output."""
+    an input or another output, and every rank can make and write the directories it writes into (each rank's
+    checkpoint files, its offload files)."""
     tables = {
         "outputs": module.OUTPUTS,
         "inputs": module.INPUTS,
@@ -90,8 +91,10 @@ def check_paths(args, module, collectives) -> None:
     named = {kind: _given(args, table) for kind, table in tables.items()}
     if not named["outputs"] and not named["directories"] and not named["work_directories"]:
         return
-    found = outputs.problems(**named) if collectives.comm.Get_rank() == 0 else None
-    options.raise_problems(collectives.bcast_object(found, "the output-file check"))
+    rank = collectives.comm.Get_rank()
+    found = outputs.problems(**named) if rank == 0 else outputs.directories_problems(named)
+    everyone = collectives.allgather_object(found, "the output-path check")
+    options.raise_problems(outputs.on_every_rank(everyone))
 
 
 def _given(args, table: dict[str, str]) -> dict[str, str]:

@@ -77,6 +77,19 @@ def number(minimum: float, above: bool = False):
     return parse
 
 
+def watchdog_seconds(text: str) -> float:
+    """An argparse type: 0 (no watchdog) or at least ``MIN_WATCHDOG_SECONDS``: a shorter wait than ranks that
+    merely drift apart take would end every run in its first collective."""
+    value = number(0)(text)
+    if 0 < value < MIN_WATCHDOG_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be 0 (no watchdog) or at least {MIN_WATCHDOG_SECONDS:g} s (a shorter wait would end the run in "
+            f"its first collective), got {text!r}"
+        )
+    return value
+
+
+MIN_WATCHDOG_SECONDS = 1.0
 MAX_RANKS = 2**31 - 1  # an MPI rank is a C int
 WATCHDOG_SECONDS = 300.0  # also for the collectives of commands without --watchdog
 
@@ -126,7 +139,7 @@ OPTIONS = {
     ),
     "watchdog": (
         ["--watchdog"],
-        dict(type=number(0), default=WATCHDOG_SECONDS, help="seconds a collective may wait (0: forever)"),
+        dict(type=watchdog_seconds, default=WATCHDOG_SECONDS, help="seconds a collective may wait (0: forever)"),
     ),
     "width": (["--width"], dict(type=whole(1), default=None, help="hidden width (default: mlp 128, transformer 64)")),
     "layers": (["--layers"], dict(type=whole(1), default=2, help="hidden layers (mlp) or blocks (transformer)")),

@@ -39,9 +39,26 @@ def problems(
         if over:
             found.append(f"{flag} {path} {over}: it would be written into")
     found += files.output_problems(others, inputs, directories)
-    made = {**directories, **work_directories}
     found += _overlaps(outputs, directories, work_directories)
-    return found + [p for flag, path in made.items() for p in files.directory_problems(flag, path)]
+    return found + directories_problems({"directories": directories, "work_directories": work_directories})
+
+
+def directories_problems(named: dict[str, dict[str, str]]) -> list[str]:
+    """Why this rank could not make or write the checkpoint and work directories ``named`` (``{kind: {flag:
+    path}}``): what every rank checks, since every rank writes into them."""
+    made = {**named["directories"], **named["work_directories"]}
+    return [p for flag, path in made.items() for p in files.directory_problems(flag, path)]
+
+
+def on_every_rank(found: list[list[str]]) -> list[str]:
+    """Every rank's problems once: rank 0's, then those only other ranks have, naming them (``rank 2: ...``)."""
+    others: dict[str, list[int]] = {}
+    for rank, problems in enumerate(found[1:], 1):
+        for problem in problems:
+            if problem not in found[0]:
+                others.setdefault(problem, []).append(rank)
+    named = [f"rank {ranks[0]}: {p}" if len(ranks) == 1 else f"ranks {ranks}: {p}" for p, ranks in others.items()]
+    return found[0] + named
 
 
 def _overlaps(outputs: dict[str, str], directories: dict[str, str], work_directories: dict[str, str]) -> list[str]:

@@ -1,15 +1,18 @@
 """Checks ``train`` makes before its first step, once the model is built: data, memory, disk, checkpoint files.
 
 Each rank checks what it can see (its host's available memory for the ranks
-on it, the free space where rank 0 will write, whether rank 0 can create the
-files of the last checkpoint it will save) and the ranks agree, so a run that
-could not finish stops now, on every rank with the same message, rather than
-after its steps. (The key is agreed earlier, by ``main``.)
+on it, the free space of each file system its host writes to, for what every
+rank of the host will write there together: the offload files each claims at
+set-up, and rank 0's outputs and first checkpoint; whether rank 0 can create
+the files of the last checkpoint it will save) and the ranks agree, so a run
+that could not finish stops now, on every rank with the same message, rather
+than after its steps. (The key is agreed earlier, by ``main``.)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import socket
 
 from mpizero import files
 from mpizero.checkpoint import catalog
@@ -35,10 +38,23 @@ def check(args, task, data, collectives) -> None:
             problems += memory_problems(needed, 1, device_memory(), "on its GPU")
         else:
             problems += memory_problems(needed, collectives.node.Get_size(), available_memory(), "on this host")
+    ranks = collectives.comm.Get_size()
+    problems += space_problems(args, units, numel, collectives)
     if collectives.comm.Get_rank() == 0:
-        ranks = collectives.comm.Get_size()
-        problems += files.space_problems(space_needed(args, numel, ranks)) + save_problems(args, ranks)
+        problems += save_problems(args, ranks)
     agree.raise_if_any(collectives, "; ".join(problems) or None, "before the first step")
+
+
+def space_problems(args, units: list, numel: int, collectives) -> list[str]:
+    """Whether the file systems this rank's host writes to hold what all of the host's ranks will write there
+    together (collective: every rank says what it will write, and where)."""
+    rank, ranks = collectives.comm.Get_rank(), collectives.comm.Get_size()
+    needs = space_needed(args, numel, ranks) if rank == 0 else []
+    if args.offload_dir:
+        needs.append(("--offload-dir", args.offload_dir, offload_bytes(args, units, ranks)))
+    host = socket.gethostname()
+    everyone = collectives.allgather_object((host, needs), "the disk space each rank will write")
+    return files.space_problems([need for where, named in everyone if where == host for need in named])
 
 
 def save_problems(args, ranks: int) -> list[str]:
@@ -54,10 +70,20 @@ def predicted_bytes(args, units: list, ranks: int) -> int:
     """Bytes one rank's model states need: the engine's buffers at ``--stage`` (``formulas``), with
     ``--offload-dir`` the most states an update reads in at once. The initial values are made shard by shard
     (``initial.sharded``), so no rank builds the whole model besides them."""
-    setups = dict(formula_setups(units, ranks, args.precision, args.reduction, args.optimizer, args.bucket_elems))
-    setup = dataclasses.replace(setups[args.stage], offloaded=bool(args.offload_dir))
+    setup = _setup(args, units, ranks)
     read_in = formulas.offload_bytes(setup)["in_memory_peak"] if setup.offloaded else 0
     return sum(formulas.engine_bytes(setup).values()) + read_in
+
+
+def offload_bytes(args, units: list, ranks: int) -> int:
+    """Bytes of offload files one rank claims at set-up (``formulas.offload_bytes``)."""
+    return formulas.offload_bytes(_setup(args, units, ranks))["disk"]
+
+
+def _setup(args, units: list, ranks: int):
+    """The engine's setup at ``--stage`` for the formulas, offloaded with ``--offload-dir``."""
+    setups = dict(formula_setups(units, ranks, args.precision, args.reduction, args.optimizer, args.bucket_elems))
+    return dataclasses.replace(setups[args.stage], offloaded=bool(args.offload_dir))
 
 
 def memory_problems(needed: int, ranks_here: int, available: int | None, where: str) -> list[str]:
@@ -91,14 +117,15 @@ def device_memory() -> int | None:
         return None
 
 
-def space_needed(args, numel: int, ranks: int) -> dict[str, tuple[str, int]]:
-    """What rank 0's outputs and one checkpoint of ``numel`` parameters will write: ``{flag: (path, bytes)}``."""
+def space_needed(args, numel: int, ranks: int) -> list[tuple[str, str, int]]:
+    """What rank 0's outputs and one checkpoint of ``numel`` parameters (every rank's files) will write:
+    ``(flag, path, bytes)``."""
     states = 1 + OPTIMIZERS[args.optimizer].states_per_element()
-    needs = {}
+    needs = []
     if args.checkpoint_dir:
-        needs["--checkpoint-dir"] = (args.checkpoint_dir, 4 * states * numel + JSON_BYTES)
+        needs.append(("--checkpoint-dir", args.checkpoint_dir, 4 * states * numel + JSON_BYTES))
     if args.save_params:
-        needs["--save-params"] = (args.save_params, 4 * numel + JSON_BYTES)
+        needs.append(("--save-params", args.save_params, 4 * numel + JSON_BYTES))
     if args.memory_json:
-        needs["--memory-json"] = (args.memory_json, JSON_BYTES + RANK_ROW_BYTES * ranks)
+        needs.append(("--memory-json", args.memory_json, JSON_BYTES + RANK_ROW_BYTES * ranks))
     return needs

@@ -40,6 +40,10 @@ class StateAccess:
         """All training state this rank updates (everything at stage 0): what a load must fill."""
         return [piece for g in self.groups for piece in g.state_pieces(*g.plan.owned_range)]
 
+    def states_problem(self) -> str | None:
+        """Why the states this rank read may be wrong (an offload file deleted or cut since it was made), or None."""
+        return next((problem for g in self.groups if (problem := g.place.problem())), None)
+
     def set_state(self, index: int, name: str, values: Mapping) -> None:
         """Set group ``index``'s state ``name`` (``master`` or an optimizer state) from full float32 host tensors
         by name (no communication).

@@ -180,8 +180,12 @@ class FlatGroup:
         full = np.empty(self.partition.padded_numel, dtype=np.float32)
         start, stop = self.partition.shard_range(self.rank)
         owned_start = start - self.owned_range[0]
-        shard = to_host(self.state_buffer(name)[owned_start : owned_start + stop - start])
+        try:
+            shard = to_host(self.state_buffer(name)[owned_start : owned_start + stop - start])
+        except OSError:  # an offload file deleted or cut: agreed below, once every rank has taken part
+            shard = np.zeros(stop - start, np.float32)
         collectives.allgather(np.ascontiguousarray(shard), full, counted_as="report")
+        self.place.agree_intact(collectives)  # a file cut before or while it was read: nothing read is kept
         return {k: v.copy() for k, v in self.layout.views(full).items()}
 
     def init_optimizer(self, state_names, param_group_of: dict[str, int]) -> None:

@@ -11,8 +11,9 @@ updated without the gradients it no longer gets. So the next ``step()`` refuses 
 such edit with the same error on every rank, naming the parameters, and so
 does every step after it until ``gathered()`` or a load shows the masters
 again (a refused edit is still shown). An exception that leaves ``gathered()``
-on some rank is refused the same way there: that rank cannot tell the others,
-so it drops or keeps nothing until the masters are shown again.
+on some rank drops the block's edit there at once, at every stage, and that
+rank's next steps are refused until the masters are shown again: it cannot
+tell the others, which may have written theirs back.
 
 What gives an edit away: the parameter's version counter (torch counts every
 in-place op on it and on its detached aliases), the tensor its ``.data`` is,
@@ -90,8 +91,8 @@ class EditWatch:
 
 DROP = "; `with zero.gathered(): pass` shows the masters again, dropping the edit"
 GATHERED_RAISED = (
-    "an exception left `zero.gathered()` on this rank, so what the block edited was neither written back nor "
-    "dropped" + DROP
+    "an exception left `zero.gathered()` on this rank, which dropped what the block edited without the other "
+    "ranks (they may have written theirs back)" + DROP
 )
 
 

@@ -166,6 +166,19 @@ class Binder:
             return [self.engine.full_params(index) for index in range(len(self.engine.groups))]
         return [as_array(buffer.tensor) for buffer in self.buffers]
 
+    def kept_copy(self) -> list:
+        """Copies of the buffers the parameters show where those are the engine's own (stages 0-2, float32
+        params), from which ``put_back`` undoes an edit; none where they show copies the engine never sees
+        edited (stage 3's gathered buffers, bfloat16 and float16's float32 ones)."""
+        return [buffer.copy() for buffer in self.shown_buffers()] if self.zero_copy and not self.sharded else []
+
+    def put_back(self, kept: list) -> None:
+        """Show the engine's parameters again, as ``kept`` (``kept_copy``) holds them: any edit is dropped,
+        without a collective."""
+        for buffer, values in zip(self.shown_buffers(), kept):
+            buffer[...] = values
+        self.refresh()
+
     def group_names(self) -> list[list[str]]:
         """Each group's parameter names."""
         return [group.layout.names for group in self.engine.groups]

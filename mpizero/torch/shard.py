@@ -365,7 +365,8 @@ class ShardedModel:
         """Show the full parameters in the module's own tensors inside the block (FSDP's ``summon_full_params``).
 
         ``writeback=True``: changes made inside go back into the masters on leaving; every rank must make the
-        same changes (checked). Without it they are dropped. ``grads=True``: after this step's backward passes,
+        same changes (checked). Without it, or when the block raises, they are dropped at every stage: the module
+        shows and computes with the parameters as before the block. ``grads=True``: after this step's backward passes,
         reduce their gradients now (as ``clip_grad_norm_`` does) and show each parameter's averaged gradient in
         its ``.grad`` inside the block (copies, for reading: ``step()`` uses the engine's). Collective.
         """
@@ -376,6 +377,7 @@ class ShardedModel:
             held = range(len(self.engine.groups)) if self.binder.sharded else range(0)
             for index in held:
                 self.binder.acquire(index)
+            kept = self.binder.kept_copy()  # what an exception shows again (stage 3 gathers it again instead)
         left_normally = False
         try:
             if grads and self._ended is None:
@@ -395,7 +397,8 @@ class ShardedModel:
                 if left_normally:  # every rank is here: publishing the masters drops any edit not written back
                     self.engine.publish()
                     self.show_masters()
-                else:  # this rank alone may be here: no collective, and its next step is refused until shown again
+                else:  # this rank alone may be here: no collective; the edit is dropped, and the next step refused
+                    self.binder.put_back(kept)
                     self.edits.refuse(GATHERED_RAISED)
 
     @on_torch_stream

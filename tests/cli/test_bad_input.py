@@ -44,6 +44,7 @@ CASES = [
     (1, "train --global-batch 10 --micro-batches 4", "--global-batch 10 must split into --micro-batches 4"),
     (1, "train --bucket-elems 0", "--bucket-elems: must be from 1 to 2147483647"),
     (1, "train --watchdog -1", "--watchdog: must be a finite number >= 0"),
+    (1, "train --watchdog 1e-300", "--watchdog: must be 0 (no watchdog) or at least 1 s"),
     (1, "train --stage 4", "--stage: invalid choice: 4"),
     (1, "train --model cnn", "--model: invalid choice: 'cnn'"),
     (1, "train --optimizer rmsprop", "--optimizer: invalid choice: 'rmsprop'"),
@@ -271,3 +272,29 @@ def test_an_output_that_fails_after_the_steps_ends_every_rank_with_exit_2(tmp_pa
     errors = [text for text in done.stderr.splitlines() if text.strip()]
     assert done.returncode == 2 and len(errors) == 1, done.stderr
     assert f"writing the outputs: rank 0: cannot write {tmp_path}/p.npy: ENOSPC" in errors[0], errors
+
+
+@pytest.fixture
+def small_file_system(tmp_path):
+    """A 4 MiB tmpfs, unmounted after (mounting needs root)."""
+    where = tmp_path / "small"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a 4 MiB tmpfs here: {mounted.stderr.decode().strip()[:200]}")
+    yield where
+    subprocess.run(["umount", str(where)], check=True, timeout=60)
+
+
+def test_offload_files_and_a_checkpoint_that_fit_apart_but_not_together_are_refused_before_step_1(small_file_system):
+    """Both ranks' offload files (3.0 MB) fit in 4 MiB, and so would the first checkpoint (1.6 MB), but not both:
+    refused before any work, where the run used to take a step and fail its first save with ENOSPC."""
+    off, ckpt = small_file_system / "off", small_file_system / "ckpt"
+    args = ["--stage", "2", "--width", "320", "--steps", "3", "--checkpoint-every", "1"]
+    done = run_mpi(2, ["-m", "mpizero", "train", *args, "--offload-dir", str(off), "--checkpoint-dir", str(ckpt)])
+    errors = [text for text in done.stderr.splitlines() if text.strip()]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr
+    said = "mpizero: error: before the first step: ranks [0, 1]: not enough free space for "
+    assert errors[0].startswith(said), errors
+    assert f"--checkpoint-dir {ckpt} (" in errors[0] and f"--offload-dir {off} (" in errors[0], errors
+    assert "step" not in done.stdout and not os.path.exists(ckpt), done.stdout

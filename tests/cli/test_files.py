@@ -5,6 +5,7 @@ import os
 import pytest
 
 from mpizero import files
+from mpizero.cli import outputs
 
 
 def test_write_replaces_whole_and_leaves_no_temporary_file(tmp_path):
@@ -51,6 +52,15 @@ def test_an_output_inside_an_input_is_refused_and_a_sibling_is_not(tmp_path):
 
 def test_free_space_is_summed_per_file_system(tmp_path):
     free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
-    assert files.space_problems({"--a": (str(tmp_path / "a"), 1), "--b": (str(tmp_path / "new" / "b"), 1)}) == []
-    (problem,) = files.space_problems({"--a": (str(tmp_path / "a"), free), "--b": (str(tmp_path / "b"), free)})
-    assert problem.startswith(f"not enough free space for --a {tmp_path}/a and --b {tmp_path}/b: about")
+    assert files.space_problems([("--a", str(tmp_path / "a"), 1), ("--b", str(tmp_path / "new" / "b"), 1)]) == []
+    (problem,) = files.space_problems(
+        [("--a", str(tmp_path / "a"), free), ("--b", str(tmp_path / "b"), 1), ("--b", str(tmp_path / "b"), 2)]
+    )
+    expected = f"not enough free space for --a {tmp_path}/a ({free:,} bytes) and --b {tmp_path}/b (3 bytes) on one "
+    assert problem.startswith(expected + f"file system: about {free + 3:,} bytes needed together"), problem
+
+
+def test_every_ranks_path_problems_are_said_once_naming_the_ranks_only_they_have():
+    found = [["a"], ["a", "b"], ["b", "c"]]
+    assert outputs.on_every_rank(found) == ["a", "ranks [1, 2]: b", "rank 2: c"]
+    assert outputs.on_every_rank([[], []]) == []

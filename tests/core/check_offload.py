@@ -175,6 +175,22 @@ def cut(path):
     os.truncate(path, os.path.getsize(path) // 2)
 
 
+def check_a_file_cut_while_mapped_reads_zeros_and_is_one_agreed_error(directory):
+    """The pages past the cut read zeros (not SIGBUS, which would end the rank without a word); whatever read them
+    (parameters, a checkpoint save, the next step) ends on every rank, naming the file."""
+    engine = engine_at(2, Adam(lr=1e-2))
+    train(engine, 2)
+    master = engine.groups[1].master_shard  # mapped
+    if rank == size - 1:
+        os.truncate(engine.groups[1].place.file.path, 0)
+        assert not np.asarray(master).any()
+    words = "group00001.state was cut to 0 of its"
+    expect_error(engine.master_params, "the offloaded states", words)
+    state = {"step": 2, "optimizer_steps": 2, "skipped_steps": 0, "data": {}}
+    expect_error(lambda: store.save(engine, os.path.join(directory, "cut"), state), "checkpoint save", words)
+    expect_error(functools.partial(train, engine, 1, first=3), "step 3", words)
+
+
 def check_a_disk_too_small_on_one_rank_is_one_agreed_error_at_set_up():
     """``posix_fallocate`` claims every block at set-up; a file-size limit stands in for a full disk."""
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -236,6 +252,7 @@ if __name__ == "__main__":
     check_checkpoints_cross_between_offloaded_and_in_memory_runs(sys.argv[1])
     check_a_directory_one_rank_cannot_use_is_one_agreed_error()
     check_a_file_deleted_or_cut_on_one_rank_ends_the_step_on_every_rank()
+    check_a_file_cut_while_mapped_reads_zeros_and_is_one_agreed_error(sys.argv[1])
     check_a_disk_too_small_on_one_rank_is_one_agreed_error_at_set_up()
     check_a_killed_runs_directory_is_removed_by_the_next_engine()
     engine = engine_at(3, Adam(lr=1e-2))

@@ -111,7 +111,11 @@ def inside_gathered(stage: int, how: str) -> str:
         result = outcome(edit)
     except KeyError:
         result = "KeyError"
-    if how == "exception inside":  # this rank's next step is refused, until gathered() shows the masters
+    if how == "exception inside":  # the edit is dropped at once: a forward computes as without it
+        x, _ = batch("mlp", 1, comm.rank)
+        with torch.no_grad():
+            result += f"; forward as without the edit: {torch.equal(model(x), plain(x))}"
+        # this rank's next step is refused, until gathered() shows the masters
         result += f"; next step refused: {'left `zero.gathered()`' in outcome(lambda: train_step(model, zero, 1))}"
         with zero.gathered():
             pass

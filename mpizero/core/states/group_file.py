@@ -7,12 +7,15 @@ which wait there between rounds of micro-batches.
 
 from __future__ import annotations
 
+import mmap
 import os
 import time
 import weakref
 from collections.abc import Iterator, Mapping
 
 import numpy as np
+
+from mpizero.core.states import cut_mappings
 
 GRAD = "grad"  # the averaged grad shard: written once decoded, read in for the update, never written back
 SUMS = "sums"  # the streamed sum between rounds of a step: never read in for the update
@@ -33,14 +36,16 @@ class GroupFile:
         self.read_bytes = self.written_bytes = 0  # by ``read`` and ``write``, and the seconds they took
         self.io_seconds = 0.0
         self.failure: OSError | None = None  # a write that failed outside the update, raised by the next read
+        self._watch = cut_mappings.Watch()
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         weakref.finalize(self, os.close, self._fd)
         if self.nbytes:
             os.posix_fallocate(self._fd, 0, self.nbytes)
 
     def check(self) -> None:
-        """Raise if the file was deleted or cut short since it was made: the open file would still hold the
-        bytes, but whoever did it meant to remove or change them."""
+        """Raise if the file was deleted or cut short since it was made (or while mapped: then the accesses past
+        the cut read zeros): the open file would still hold the bytes, but whoever did it meant to remove or
+        change them."""
         if self.failure is not None:
             raise self.failure
         status = os.fstat(self._fd)
@@ -48,6 +53,8 @@ class GroupFile:
             raise OSError(f"{self.path} was deleted while the run uses it")
         if status.st_size < self.nbytes:
             raise OSError(f"{self.path} was cut to {status.st_size} of its {self.nbytes} bytes while the run uses it")
+        if self._watch.faulted():
+            raise OSError(f"{self.path} was cut while the run had it mapped (and has been made whole since)")
 
     def read(self, names=None) -> dict[str, np.ndarray]:
         """States ``names`` (default: every one the update reads), read into new arrays."""
@@ -99,12 +106,17 @@ class GroupFile:
         return self._remembering(lambda: self.mapped(name), zeros_of=name)
 
     def mapped(self, name: str) -> np.ndarray:
-        """State ``name`` as a writable view of the file (its pages are read as they are touched)."""
+        """State ``name`` as a writable view of the file (its pages are read as they are touched), covered against
+        a cut while it is mapped (``cut_mappings``)."""
         self.check()
         if not self.numel:
             return np.empty(0, self.dtypes[name])
-        with open(self._fd, "r+b", closefd=False) as file:  # the open file, whatever its path names now
-            return np.memmap(file, self.dtypes[name], mode="r+", offset=self._offsets[name], shape=(self.numel,))
+        offset = self._offsets[name]
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        size = offset - start + self.numel * self.dtypes[name].itemsize
+        mapping = mmap.mmap(self._fd, size, offset=start)  # the open file, whatever its path names now
+        self._watch.add(mapping)
+        return np.frombuffer(mapping, self.dtypes[name], self.numel, offset - start)
 
 
 class MappedStates(Mapping):

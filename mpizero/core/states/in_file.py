@@ -6,6 +6,7 @@ import contextlib
 
 import numpy as np
 
+from mpizero.comm import agree
 from mpizero.core.states.group_file import GRAD, STATE_DTYPE, SUMS, GroupFile, MappedStates
 
 
@@ -83,6 +84,19 @@ class InFile:
             self._resident = None
         if arrays is not None:  # never zeros over the states a failed read left on disk
             _attempt(lambda: self.file.write({n: a for n, a in arrays.items() if n != GRAD}), failures)
+
+    def problem(self) -> str | None:
+        """Why states read from the file may be wrong (it was deleted or cut since it was made), or None."""
+        try:
+            self.file.check()
+        except OSError as error:
+            return str(error)
+        return None
+
+    def agree_intact(self, collectives) -> None:
+        """Raise the same error on every rank if any rank's file was deleted or cut (collective): what was just read
+        from it (mapped pages past a cut read zeros) must not be kept."""
+        agree.raise_if_any(collectives, self.problem(), "the offloaded states")
 
     def in_memory(self) -> dict:
         """The states read in for the update, if any, by name."""

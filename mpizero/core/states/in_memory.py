@@ -50,6 +50,12 @@ class InMemory:
         """The states are in memory already: nothing to read in or write back around the update."""
         return nullcontext()
 
+    def problem(self) -> None:
+        """Memory is not cut from under the run."""
+
+    def agree_intact(self, collectives) -> None:
+        """Nothing to agree on: memory is not cut from under the run."""
+
     def in_memory(self) -> dict:
         """Every state array held now by name, the grad shard as ``GRAD``."""
         return {**self._states, GRAD: self.grad_shard}
