@@ -11,17 +11,42 @@ Every other module holding trainable parameters is a lazy unit: called while
 its groups are held (inside its unit's forward) its hooks do nothing; called on
 its own (a tied ``lm_head`` outside the model's forward) it gathers its groups
 for its forward and its backward as a unit does. Every hook is left out of
-``torch.compile``'s graphs (a graph break at each unit), since it talks to MPI.
+``torch.compile``'s graphs (a graph break at each unit), since it talks to MPI;
+so a model compiled whole fuses otherwise than at stages 0-2, which a warning
+says once (``compiled_across_units``).
 """
 
 from __future__ import annotations
 
+import sys
+import warnings
 from functools import partial
 
 import torch
 
 from mpizero.torch.sync import Operation
 from mpizero.torch.units import Unit
+
+COMPILED_WHOLE = (
+    "torch.compile compiled this model across its stage 3 units, and stage 3 breaks the graph at each unit, so "
+    "inductor fuses otherwise than at stages 0-2 and the bytes differ from theirs (they are the same at any world "
+    "size): compile each repeated block instead (`block.compile()`) for one digest at every stage"
+)
+
+
+def compiled_across_units(module: torch.nn.Module) -> bool:
+    """Whether ``module`` (a unit, in its pre-forward hook) runs inside another module's call that torch.compile
+    compiled (its entry, ``compile_wrapper`` in torch 2.x, is on the stack above that module's call): an ancestor
+    was compiled as a whole. Where torch names its entry otherwise, nothing is found and nothing said."""
+    frame, inside_another = sys._getframe(1), False
+    while frame is not None:
+        name = frame.f_code.co_name
+        if name == "compile_wrapper":
+            return inside_another
+        caller = frame.f_locals.get("self") if name in ("_call_impl", "forward") else None
+        inside_another |= isinstance(caller, torch.nn.Module) and caller is not module
+        frame = frame.f_back
+    return False
 
 
 class UnitHooks:
@@ -42,6 +67,7 @@ class UnitHooks:
         self.pending = [set(s) for s in self.owned]  # owned parameters autograd has not finished this backward
         self.backward_holds = [0] * len(self.needs)
         self.acquired: list[bool] = []  # for each lazy unit's forward in progress: whether it gathered
+        self.warned = False  # whether COMPILED_WHOLE was said
         model.register_forward_pre_hook(outside_graphs(self._model_starts))
         model.register_forward_hook(outside_graphs(self._model_ends))  # neither reaches the engine
         modules = [unit.module for unit in units] + [module for module, _ in lazy]
@@ -81,6 +107,9 @@ class UnitHooks:
             if needed:
                 self._acquire(u, gather)
             return
+        if not self.warned and compiled_across_units(module):
+            self.warned = True
+            warnings.warn(COMPILED_WHOLE, stacklevel=2)
         self.seen.append(u)
         self._acquire(u, gather)
         self._prefetch(u, +1, gather)
