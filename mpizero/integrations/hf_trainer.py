@@ -46,7 +46,7 @@ ZERO_DIR = "zero"  # the sharded training state inside each checkpoint-N/
 class ZeroTrainer(Trainer):
     """``Trainer(model, args, train_dataset=..., ...)`` sharded at ZeRO ``stage`` over ``comm`` (default COMM_WORLD).
 
-    ``units``: the submodules stage 3 gathers together (default: each child holding parameters, as ``shard``).
+    ``units``: the submodules stage 3 gathers together (default: the model's repeated blocks, as ``shard``).
     Every rank builds the same model and passes the same arguments; settings that cannot work here are refused
     at construction, alike on every rank, naming them.
     """

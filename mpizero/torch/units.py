@@ -46,9 +46,19 @@ def blocks(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
     stay in it, since a block is gathered whole for its forward anyway."""
     for child in module.children():
         if isinstance(child, CONTAINERS) or _repeats(child):
-            yield from (block for block in child.children() if _holds_parameters(block))
+            yield from _members(child)
         else:
             yield from blocks(child)
+
+
+def _members(container: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """A container's children holding parameters, looking inside the containers among them (nanoGPT's
+    ``ModuleDict(wte=..., h=ModuleList([...]), ln_f=...)``: a ``ModuleList`` has no forward to hook)."""
+    for child in container.children():
+        if isinstance(child, CONTAINERS):
+            yield from _members(child)
+        elif _holds_parameters(child):
+            yield child
 
 
 def _repeats(module: torch.nn.Module) -> bool:

@@ -36,6 +36,29 @@ def test_the_blocks_of_a_module_list_are_the_units_and_tied_weights_are_owned_on
     assert sorted(owned) == sorted(n for n, _ in model.named_parameters())
 
 
+def test_a_container_inside_a_container_is_looked_into_as_in_nanogpt():
+    """nanoGPT's ``transformer = ModuleDict(wte, wpe, h=ModuleList([...]), ln_f)``: each block a unit, not the list
+    (a ModuleList has no forward of its own for a unit's hooks)."""
+
+    class NanoGPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8)) for _ in range(3))
+            self.transformer = nn.ModuleDict(
+                dict(wte=nn.Embedding(16, 8), wpe=nn.Embedding(4, 8), h=blocks, ln_f=nn.LayerNorm(8))
+            )
+            self.lm_head = nn.Linear(8, 16, bias=False)
+
+    names = unit_names(NanoGPT())
+    assert names == [
+        "<model>",
+        "transformer.wte",
+        "transformer.wpe",
+        *(f"transformer.h.{i}" for i in range(3)),
+        "transformer.ln_f",
+    ], names
+
+
 def test_a_sequential_of_one_repeated_class_is_blocks_and_a_model_without_blocks_takes_its_children():
     stem = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 2))
     mixed = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8))
