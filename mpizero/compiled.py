@@ -23,7 +23,8 @@ from pathlib import Path
 
 ENV_VAR = "MPIZERO_HOST_KERNELS"
 CACHE_ENV_VAR = "MPIZERO_CACHE_DIR"
-FLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off"]
+# -fno-fast-math: a compiler whose default is fast (Intel's icx) must round as IEEE says, too
+FLAGS = "-O3 -std=c99 -fPIC -shared -fwrapv -fno-math-errno -fno-trapping-math -ffp-contract=off -fno-fast-math".split()
 HEADER = """#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -53,8 +54,8 @@ def load(stem: str, source: str, flags: list[str]) -> tuple[ctypes.CDLL | None, 
         return None, "no C compiler found"
     try:
         return _loaded(compiler, stem, source, tuple(flags)), Path(compiler).name
-    except (OSError, subprocess.SubprocessError) as error:
-        return None, f"{compiler} failed: {str(error).splitlines()[0][:120]}"
+    except (OSError, subprocess.SubprocessError, ValueError) as error:
+        return None, f"{compiler} failed: {(str(error).splitlines() or [type(error).__name__])[0][:120]}"
 
 
 @functools.cache
@@ -64,8 +65,7 @@ def _loaded(compiler: str, stem: str, source: str, flags: tuple[str, ...]) -> ct
 
 def _compiled(compiler: str, stem: str, source: str, flags: tuple[str, ...]) -> Path:
     """The cached library for this source, flags, compiler and machine, compiled first if missing (atomically)."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60, check=True)
-    identity = "\n".join([source, compiler, version.stdout.splitlines()[0], platform.machine(), *flags])
+    identity = "\n".join([source, compiler, _version(compiler), platform.machine(), *flags])
     path = _cache_dir() / f"{stem}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.so"
     if path.exists():
         return path
@@ -82,6 +82,16 @@ def _compiled(compiler: str, stem: str, source: str, flags: tuple[str, ...]) -> 
         written.unlink(missing_ok=True)
         partial.unlink(missing_ok=True)
     return path
+
+
+@functools.cache
+def _version(compiler: str) -> str:
+    """The compiler's first line of ``--version`` (on stdout, or stderr for some), asked once per process."""
+    done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60, check=True)
+    lines = (done.stdout or done.stderr).splitlines()
+    if not lines:
+        raise ValueError(f"{compiler} --version printed nothing")
+    return lines[0]
 
 
 def _cache_dir() -> Path:

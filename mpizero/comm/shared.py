@@ -238,7 +238,9 @@ void mz_sum(int64_t *restrict out, const int64_t *const *sources, size_t count, 
 def sum_block(views: list[np.ndarray], start: int, out: np.ndarray) -> None:
     """Set ``out`` to the in-order sum of ``view[start : start + len(out)]`` over ``views``: one compiled pass over
     ``out`` for int64 (``mpizero.compiled``), else NumPy chunk by chunk."""
-    function = _compiled_sum() if len(views) >= 2 and out.dtype == np.int64 and out.flags.c_contiguous else None
+    fits = all(v.dtype == np.int64 and v.flags.c_contiguous and start + out.size <= v.size for v in views)
+    compilable = len(views) >= 2 and fits and out.dtype == np.int64 and out.flags.c_contiguous
+    function = _compiled_sum() if compilable else None
     if function is not None:
         sources = (ctypes.c_void_p * len(views))(*(v.ctypes.data + start * v.itemsize for v in views))
         function(out.ctypes.data, sources, len(views), out.size)

@@ -5,6 +5,9 @@ the way the chosen reduction defines the average, optionally clips by the
 global norm, and applies the optimizer to each full tensor. Every distributed
 result is compared with it bit for bit.
 
+On the host it evaluates the update and the decode with NumPy (``compiled=False``), so every comparison with
+the engine also checks the engine's compiled passes against the formulas as NumPy evaluates them.
+
 It shares no mixed-precision code with the engine's trainer: ``contribution``
 is written here again, plainly, from the definition (store in the grad dtype,
 divide by the loss scale), so a bug in the trainer's ``as_contribution`` (a
@@ -89,7 +92,7 @@ class Reference:
             if rule.whole(group):  # Muon: the matrix is whole here already
                 rule.whole_step(group, self.step_count, self.params[name], grad, self.state[name])
             else:
-                apply_step(rule, group, self.step_count, self.params[name], grad, self.state[name])
+                apply_step(rule, group, self.step_count, self.params[name], grad, self.state[name], compiled=False)
         return True
 
     def _learn_scales(self, contributions: Sequence[Mapping]) -> None:
@@ -121,7 +124,7 @@ class Reference:
             streamed = sum(_fixed(self.xp.where(b, 0.0, s), settled.k) for s, b in zip(sources, beyond))
             exact.rescale(streamed, settled.k - chosen)
             total = streamed + sum(_fixed(self.xp.where(b, s, 0.0), chosen) for s, b in zip(sources, beyond))
-            exact.decode(total, chosen, count, result[name])
+            exact.decode(total, chosen, count, result[name], compiled=False)
         return result
 
 

@@ -142,12 +142,13 @@ class MuonRule(Rule):
 
     @classmethod
     def whole_step(cls, hyper: MuonHyper, step: int, param, grad, state: dict) -> None:
-        """One Muon step of a whole 2-D tensor (the single-rank reference's): the phases around ``orthogonalize``."""
+        """One Muon step of a whole 2-D tensor (the single-rank reference's, so its phases are NumPy's on the host):
+        the phases around ``orthogonalize``."""
         xp = array_module(param)
         direction = xp.empty(param.shape, np.float32)
-        apply_step(cls.momentum_phase, hyper, step, param, grad, {**state, "direction": direction})
+        apply_step(cls.momentum_phase, hyper, step, param, grad, {**state, "direction": direction}, compiled=False)
         orthogonal = cls.orthogonalize(direction, hyper)
-        apply_step(cls.apply_phase, hyper, step, param, grad, {"orthogonal": orthogonal})
+        apply_step(cls.apply_phase, hyper, step, param, grad, {"orthogonal": orthogonal}, compiled=False)
 
 
 def newton_schulz(g, coefficients, steps: int, eps: float):

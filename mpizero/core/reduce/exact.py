@@ -81,15 +81,16 @@ def rescale(total, shift: int) -> None:
     total[...] = floor + up
 
 
-def decode(total, k: int, count: int, out) -> None:
-    """Write the float32 mean ``total * 2**-k / count`` into ``out`` (same length, any shape)."""
+def decode(total, k: int, count: int, out, compiled: bool = True) -> None:
+    """Write the float32 mean ``total * 2**-k / count`` into ``out`` (same length, any shape); on the host by the
+    compiled pass unless ``compiled`` is False (the reference's NumPy)."""
     xp = array_module(total)
     flat_out = out.reshape(-1)
     divisor = math.ldexp(float(count), k)  # exact: (S * 2**-k) / count == S / (count * 2**k)
     if xp is not np:
         arithmetic.device_decode(xp, total, divisor, flat_out)  # one pass: the same bits (tests/test_fused.py)
         return
-    if kernels.decode(total, divisor, flat_out):  # one compiled pass: the same bits (tests/core/test_kernels.py)
+    if compiled and kernels.decode(total, divisor, flat_out):  # one pass, the same bits (tests/core/test_kernels.py)
         return
     numpy_decode(total, divisor, flat_out)
 
