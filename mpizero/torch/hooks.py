@@ -68,6 +68,7 @@ class UnitHooks:
         self.backward_holds = [0] * len(self.needs)
         self.acquired: list[bool] = []  # for each lazy unit's forward in progress: whether it gathered
         self.warned = False  # whether COMPILED_WHOLE was said
+        self.root, self.look_for_compile = model, False  # whether this model forward's first unit is to come
         model.register_forward_pre_hook(outside_graphs(self._model_starts))
         model.register_forward_hook(outside_graphs(self._model_ends))  # neither reaches the engine
         modules = [unit.module for unit in units] + [module for module, _ in lazy]
@@ -77,6 +78,7 @@ class UnitHooks:
 
     def _model_starts(self, module, args) -> None:
         self.seen = []
+        self.look_for_compile = not self.warned
 
     def _model_ends(self, module, args, output) -> None:
         if self.seen:
@@ -107,9 +109,11 @@ class UnitHooks:
             if needed:
                 self._acquire(u, gather)
             return
-        if not self.warned and compiled_across_units(module):
-            self.warned = True
-            warnings.warn(COMPILED_WHOLE, stacklevel=2)
+        if self.look_for_compile and module is not self.root:  # the forward's first unit inside the model
+            self.look_for_compile = False
+            if compiled_across_units(module):
+                self.warned = True
+                warnings.warn(COMPILED_WHOLE, stacklevel=2)
         self.seen.append(u)
         self._acquire(u, gather)
         self._prefetch(u, +1, gather)
