@@ -21,6 +21,7 @@ from threadpoolctl import threadpool_limits
 
 from mpizero import checkpoint_key
 from mpizero.cli import check, consolidate, estimate, example, options, outputs, plot, train, verify
+from mpizero.comm import local_device
 from mpizero.comm.collectives import Collectives
 from mpizero.comm.job import interrupt, launch
 from mpizero.errors import ZeroError
@@ -114,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint_key.agreed(collectives)
         module.check(args, comm.Get_size())
         check_paths(args, module, collectives)
+        if getattr(args, "device", "cpu") != "cpu":  # one device per local rank, current before any allocation
+            chosen = local_device.use_local_device(collectives, args.device)
+            said = local_device.describe(collectives, chosen)
+            if comm.Get_rank() == 0:
+                print(f"devices ({args.device}): {said}", flush=True)
         if not any(v in os.environ for v in THREAD_VARIABLES):
             threadpool_limits(limits=1)  # one BLAS thread per rank: reproducible, and cores not oversubscribed
         return module.run(args, comm)

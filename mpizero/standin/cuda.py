@@ -1,4 +1,7 @@
-"""The stand-in's ``cupy.cuda``: streams, events and the device, keeping the order CuPy's would.
+"""The stand-in's ``cupy.cuda``: streams, events and the devices, keeping the order CuPy's would.
+
+``MPIZERO_STANDIN_DEVICES`` says how many devices it has (default 1), so the choice of one device per local rank
+runs on the CPU; ``Device(i).use()`` makes device ``i`` this thread's current one, as in CuPy.
 
 Work on the stand-in runs at once, so order cannot go wrong here; what can go wrong is the stream it is queued on.
 Every kernel launch and copy is counted on the stream current when it was issued, by stream pointer
@@ -10,11 +13,14 @@ counted on the bus (``bus``).
 from __future__ import annotations
 
 import itertools
+import os
 import threading
+import types
 from collections import Counter
 
 from mpizero.standin import bus
 
+DEVICES_ENV_VAR = "MPIZERO_STANDIN_DEVICES"
 _pointers = itertools.count(0x1000)
 LAUNCHES: Counter = Counter()  # stream pointer (0: the null stream) -> kernels and copies queued on it
 _current = threading.local()
@@ -92,3 +98,31 @@ def get_current_stream(device_id: int = -1) -> Stream:
 def launched(stream: Stream | None = None) -> None:
     """Count one kernel or copy on ``stream`` (default: the current one)."""
     LAUNCHES[(get_current_stream() if stream is None else stream).ptr] += 1
+
+
+class Device:
+    """A device by its id (default: this thread's current one); ``use()`` or ``with`` makes it current."""
+
+    def __init__(self, device: int | None = None) -> None:
+        self.id = getattr(_current, "device", 0) if device is None else int(device)
+        if not 0 <= self.id < _device_count():
+            raise ValueError(f"the stand-in has {_device_count()} devices ({DEVICES_ENV_VAR}), not device {self.id}")
+        self._outer: list[int] = []
+
+    def use(self) -> None:
+        _current.device = self.id
+
+    def __enter__(self) -> Device:
+        self._outer.append(getattr(_current, "device", 0))
+        self.use()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _current.device = self._outer.pop()
+
+
+def _device_count() -> int:
+    return int(os.environ.get(DEVICES_ENV_VAR, "1"))
+
+
+runtime = types.SimpleNamespace(getDeviceCount=_device_count)
