@@ -33,21 +33,22 @@ C_OPS = SimpleNamespace(
 OPTIONS = ("--fmad=false",)
 
 
-def c_statements(rule, hyper, constants: dict, states: list[str]) -> tuple[list[str], str]:
-    """The float constants' names and the C statements of one element's update: ``float new_X = ...;`` for
-    each array the formula writes, then ``X = new_X;`` (the inputs are the float values ``param``, ``grad``, the
-    states and ``c_NAME``); Python conditions on ``hyper`` and on boolean constants choose the terms."""
+def c_statements(rule, hyper, constants: dict, states: list[str]) -> tuple[list[str], str, list[str]]:
+    """The float constants' names, the C statements of one element's update (``float new_X = ...;`` for each
+    array the formula writes, then ``X = new_X;``; the inputs are the float values ``param``, ``grad``, the states
+    and ``c_NAME``) and the names it writes; Python conditions on ``hyper`` and on boolean constants choose the
+    terms."""
     numbers = [name for name, value in constants.items() if not isinstance(value, bool)]
     symbols = {name: value if isinstance(value, bool) else f"c_{name}" for name, value in constants.items()}
     results = rule.formula(C_OPS, {name: name for name in ["param", "grad", *states]}, symbols, hyper)
     body = " ".join(f"float new_{name} = {expression};" for name, expression in results.items())
-    return numbers, body + " " + " ".join(f"{name} = new_{name};" for name in results)
+    return numbers, body + " " + " ".join(f"{name} = new_{name};" for name in results), list(results)
 
 
 def kernel_source(rule, hyper, constants: dict, states: list[str]) -> tuple[str, str, str]:
     """The CUDA kernel's ``(inputs, outputs, body)``: ``grad`` and the float constants in, ``param`` and the
     states read and written."""
-    numbers, body = c_statements(rule, hyper, constants, states)
+    numbers, body, _ = c_statements(rule, hyper, constants, states)
     inputs = ", ".join(["float32 grad", *(f"float32 c_{name}" for name in numbers)])
     outputs = ", ".join(f"float32 {name}" for name in ["param", *states])
     return inputs, outputs, body

@@ -32,16 +32,16 @@ void mz_update(size_t n, const float *restrict c, const float *restrict grad_, {
 
 def kernel(rule, hyper, constants: dict, states: list[str]):
     """The compiled update for this formula, called as ``(n, constants, grad, param, *states)``, or None."""
-    numbers, body = c_statements(rule, hyper, constants, states)
-    written = ["param", *states]
+    numbers, body, written = c_statements(rule, hyper, constants, states)
+    arrays = ["param", *states]
     source = LOOP.format(
-        pointers=", ".join(f"float *restrict {name}_" for name in written),
+        pointers=", ".join(f"float *restrict {name}_" for name in arrays),
         constants=" ".join(f"const float c_{name} = c[{i}];" for i, name in enumerate(numbers)),
-        loads=" ".join(f"float {name} = {name}_[i];" for name in written),
+        loads=" ".join(f"float {name} = {name}_[i];" for name in arrays),
         body=body,
-        stores=" ".join(f"{name}_[i] = {name};" for name in written),
+        stores=" ".join(f"{name}_[i] = {name};" for name in written),  # what a phase only reads stays unwritten
     )
-    return _function(source, len(written))
+    return _function(source, len(arrays))
 
 
 @functools.cache
