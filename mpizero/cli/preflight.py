@@ -12,11 +12,11 @@ than after its steps. (The key is agreed earlier, by ``main``.)
 from __future__ import annotations
 
 import dataclasses
-import socket
 
 from mpizero import files
 from mpizero.checkpoint import catalog
 from mpizero.comm import agree
+from mpizero.comm.job.ranks import world_ranks
 from mpizero.core import formulas
 from mpizero.core.memory import format_bytes
 from mpizero.core.optim import OPTIMIZERS
@@ -52,7 +52,7 @@ def space_problems(args, units: list, numel: int, collectives) -> list[str]:
     needs = space_needed(args, numel, ranks) if rank == 0 else []
     if args.offload_dir:
         needs.append(("--offload-dir", args.offload_dir, offload_bytes(args, units, ranks)))
-    host = socket.gethostname()
+    host = world_ranks(collectives.node)  # the ranks sharing this rank's memory: its host, as the engine's paths
     everyone = collectives.allgather_object((host, needs), "the disk space each rank will write")
     return files.space_problems([need for where, named in everyone if where == host for need in named])
 
