@@ -47,7 +47,8 @@ class ZeroConfig:
       largest gradient moved by more is redone.
     - pair_contributions: hold a contribution whose arrays the caller gave up until the next arrives, and encode
       the two in one pass (the same bytes, 12 bytes an element and contribution instead of 20, one held float32
-      gradient); None: where the stage keeps full local grads anyway (0-1, ``ShardPlan.pairs_contributions``).
+      gradient); rounds (``reduce_round``) likewise, two summed over ranks in one collective; None: where the
+      stage keeps full local grads anyway (0-1, ``ShardPlan.pairs_contributions``).
     - offload: where the states live besides memory: ``DiskOffload(directory)``, or None (in memory).
     """
 

@@ -212,11 +212,16 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         usable = grads is not None and tally.check(grads, self.names)
         self.collectives.watchdog.context = f"step {self.step_number}, round of group {index}"
         mode = self._keep_mode(keep, can_redo)
-        found = group.gradients.reduce_round(
-            self.collectives, self.reduction, grads if usable else None, self.scales.used[index], mode, can_redo
+        encoded = group.gradients.reduce_round(
+            self.collectives,
+            self.reduction,
+            grads if usable else None,
+            self.scales.used[index],
+            mode,
+            can_redo,
+            self.pairs,
         )
-        if found is not None:
-            self._record(tally, index, found, can_redo, mode)
+        self._record_encoded(tally, index, encoded)
         self._sample_after([index])
 
     def start_reduce(self, index: int, contributions: Sequence[Mapping] = ()) -> None:
@@ -231,7 +236,9 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         tally = self._tallies[index]
         for grads in contributions:
             self._hand_in(index, grads, Keep.REFERENCE, can_redo=False, given_up=True)
-        self._record_encoded(tally, index, self.groups[index].gradients.flush(self.reduction, self.scales.used[index]))
+        self._record_encoded(
+            tally, index, self.groups[index].gradients.flush(self.collectives, self.reduction, self.scales.used[index])
+        )
         self.collectives.watchdog.context = f"step {self.step_number}, group {index}"
         settle_pending(self._tallies)  # every group's device maxima so far, in one copy
         agreed = self.collectives.agree(tally.agreement_row(self._read_hyper(tally)))

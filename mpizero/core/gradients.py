@@ -67,6 +67,7 @@ class GroupGradients:
         self.sums = None  # on one host: the node-shared accumulators rounds are summed into (the communicator's)
         self.kept: dict[int, list] = {}  # tensor index -> [(array, lowest magnitude bits left out)]
         self.waiting: Waiting | None = None
+        self.rounds_waiting = False  # the one waiting is a round's: it is summed over ranks, not into local grads
         self.accumulated, self.rounds_reduced, self.decoded = False, 0, False  # this step's progress
 
     @property
@@ -93,67 +94,103 @@ class GroupGradients:
         next contribution (none encoded now, or both). A pass's ``predictions`` are the same for every
         contribution, and ``end_step`` drops one still waiting, so a pair is always encoded at the scales of both."""
         arrived = Waiting({spec.name: grads[spec.name] for spec in self.layout.specs}, keep, measure)
-        if self.waiting is None and may_wait and reduction.pairs:
+        pair = self._pair(arrived, may_wait and reduction.pairs)
+        if not pair:
+            return []
+        if self.local_grads is None:
+            self.local_grads = self.xp.empty(self.partition.padded_numel, dtype=reduction.wire_dtype)
+        found = self._encode(reduction, self.local_grads, [c.grads for c in pair], predictions, not self.accumulated)
+        self.accumulated = True
+        return self._kept_and_found(pair, found, predictions)
+
+    def _pair(self, arrived: Waiting, may_wait: bool) -> list[Waiting]:
+        """The contributions to encode now: none (``arrived`` waits for a partner), the one waiting and
+        ``arrived``, or ``arrived`` alone."""
+        if self.waiting is None and may_wait:
             self.waiting = arrived
             return []
         pair = [arrived] if self.waiting is None else [self.waiting, arrived]
         self.waiting = None
-        if self.local_grads is None:
-            self.local_grads = self.xp.empty(self.partition.padded_numel, dtype=reduction.wire_dtype)
-        first = not self.accumulated
-        if len(pair) == 1:
-            found = [reduction.encode(self.local_grads, pair[0].grads, self.layout, predictions, first)]
-        else:
-            found = reduction.encode_pair(self.local_grads, *(c.grads for c in pair), self.layout, predictions, first)
-        for contribution, (_, outside) in zip(pair, found):
-            self._keep(contribution.grads, predictions, outside, contribution.keep, contribution.measure)
-        self.accumulated = True
-        return list(zip(pair, found))
+        return pair
 
-    def flush(self, reduction, predictions) -> list:
-        """Encode the contribution waiting for a partner, if any, alone, at this pass's ``predictions``; return its
-        maxima and counts (as ``accumulate``)."""
+    def _encode(self, reduction, total, contributions: list, predictions, assign: bool, start: int = 0) -> list:
+        """Encode one or two contributions' arrays into ``total`` in one pass; each one's (maxima, left out)."""
+        if len(contributions) == 1:
+            return [reduction.encode(total, contributions[0], self.layout, predictions, assign, start)]
+        return reduction.encode_pair(total, *contributions, self.layout, predictions, assign, start)
+
+    def _kept_and_found(self, pair: list[Waiting], found: list, predictions) -> list:
+        """Hold what each encoded contribution left out; return ``[(Waiting, (tops, outside))]`` for those with
+        arrays (a round's missing contribution has none: ``found`` None)."""
+        encoded = [(c, f) for c, f in zip(pair, found) if f is not None]
+        for contribution, (_, outside) in encoded:
+            self._keep(contribution.grads, predictions, outside, contribution.keep, contribution.measure)
+        return encoded
+
+    def flush(self, collectives, reduction, predictions) -> list:
+        """Encode the contribution waiting for a partner, if any, alone, at this pass's ``predictions``: into the
+        local grads, or a round's summed over ranks (collective: every rank holds one after the same rounds);
+        return its maxima and counts (as ``accumulate``)."""
         if self.waiting is None:
             return []
+        if self.rounds_waiting:
+            return self._reduce_rounds(collectives, reduction, [self.waiting], predictions)
         grads, keep, measure = self.waiting
         self.waiting = None
         return self.accumulate(reduction, grads, predictions, keep, measure, may_wait=False)
 
-    def reduce_round(self, collectives, reduction, grads, predictions, keep: Keep, measure: bool):
+    def reduce_round(self, collectives, reduction, grads, predictions, keep: Keep, measure: bool, pairs: bool):
         """Sum one round's contribution (or zeros) over ranks into the streamed sum (collective where anything
-        streams: every rank computes the same ``predictions``); return its maxima and left-out counts, or None."""
+        streams: every rank computes the same ``predictions``); return each contribution summed now with its
+        maxima and left-out counts (as ``accumulate``). With ``pairs`` (the engine's setting, the same on every
+        rank) a round waits for the next, and the two are summed in one pass: a contribution the caller gave up as
+        it is, one it may write again as a copy."""
         if not any(p is not None for p in predictions):  # nothing to sum this pass: measure or keep only
-            found = None if grads is None else reduction.measure(grads, self.layout.specs)
-        else:
-            shared = self.xp is np and self.place.keeps_sums
-            sums = collectives.owner_sums(id(self), self.owned_numel, reduction.wire_dtype) if shared else None
-            round_ = self._push_round if sums is not None else self._scatter_round
-            found = round_(collectives, reduction, grads, predictions, sums)
-            self.rounds_reduced += 1
-        if found is not None:
-            self._keep(grads, predictions, found[1], keep, measure)
-        return found
+            if grads is None:
+                return []
+            found = reduction.measure(grads, self.layout.specs)
+            return self._kept_and_found([Waiting(grads, keep, measure)], [found], predictions)
+        pairs = pairs and reduction.pairs
+        if grads is not None and pairs and keep is Keep.COPY:
+            grads, keep = {spec.name: grads[spec.name].copy() for spec in self.layout.specs}, Keep.REFERENCE
+        pair = self._pair(Waiting(grads, keep, measure), pairs)
+        self.rounds_waiting = self.waiting is not None
+        return self._reduce_rounds(collectives, reduction, pair, predictions) if pair else []
 
-    def _push_round(self, collectives, reduction, grads, predictions, sums):
-        """Add this rank's block for each owner into that owner's accumulator (one host: ``OwnerSums``)."""
-        tops, outside = [0] * len(self.layout.specs), [0] * len(self.layout.specs)
+    def _reduce_rounds(self, collectives, reduction, pair: list[Waiting], predictions) -> list:
+        """Sum one or two rounds' contributions over ranks in one collective."""
+        self.waiting, self.rounds_waiting = None, False
+        shared = self.xp is np and self.place.keeps_sums
+        sums = collectives.owner_sums(id(self), self.owned_numel, reduction.wire_dtype) if shared else None
+        round_ = self._push_round if sums is not None else self._scatter_round
+        present = [c.grads for c in pair if c.grads is not None]
+        found = iter(round_(collectives, reduction, present, predictions, sums))
+        self.rounds_reduced += 1
+        return self._kept_and_found(pair, [None if c.grads is None else next(found) for c in pair], predictions)
+
+    def _push_round(self, collectives, reduction, present: list, predictions, sums) -> list:
+        """Add this rank's block of the contributions for each owner into that owner's accumulator (one host:
+        ``OwnerSums``); return each contribution's (maxima, left out) over the whole buffer."""
+        count = len(self.layout.specs)
+        found = [([0] * count, [0] * count) for _ in present]
         first = self.rounds_reduced == 0
 
         def add_block(owner: int, accumulator) -> None:
             start, _ = self.partition.shard_range(owner)
             assign = first and owner == self.plan.rank  # each owner starts its sum, before anyone adds to it
-            if grads is None:
+            if not present:
                 if assign:
                     accumulator[...] = 0
                 return
-            found = reduction.encode(accumulator, grads, self.layout, predictions, assign, start)
-            for index, (top, left) in enumerate(zip(*found)):
-                tops[index], outside[index] = max(tops[index], top), outside[index] + left
+            blocks = self._encode(reduction, accumulator, present, predictions, assign, start)
+            for (tops, outside), (block_tops, block_outside) in zip(found, blocks):
+                for index, (top, left) in enumerate(zip(block_tops, block_outside)):
+                    tops[index], outside[index] = max(tops[index], top), outside[index] + left
 
         full_bytes = self.partition.padded_numel * reduction.wire_dtype.itemsize
         collectives.push_reduce(sums, add_block, full_bytes)
         self.sums, self.reduced = sums, sums.own
-        return None if grads is None else (tops, outside)
+        return found
 
     def put_sums_away(self) -> None:
         """Let the place keep the streamed sum until the group's next round or its finish (offloaded: in the file,
@@ -165,23 +202,25 @@ class GroupGradients:
         if parked is not None:
             self.reduced = parked
 
-    def _scatter_round(self, collectives, reduction, grads, predictions, _):
-        """Encode this rank's contribution into a round buffer and reduce-scatter it: out of each node's shared
-        arena in two levels where the paths say so, else by MPI, narrow where the reduction's rounds are
-        (``reduction.round_dtype``: every block goes whole to its owner, which widens the blocks into its sum)."""
+    def _scatter_round(self, collectives, reduction, present: list, predictions, _) -> list:
+        """Encode this rank's contributions into a round buffer and reduce-scatter it: out of each node's shared
+        arena in two levels where the paths say so, else by MPI; narrow where the reduction's rounds are and one
+        contribution travels (``reduction.round_dtype``: every block goes whole to its owner, which widens the
+        blocks into its sum)."""
         self._bring_sums_back()
         padded, wire = self.partition.padded_numel, reduction.wire_dtype
         on_arena = self._on_arena(collectives)
         narrow = reduction.round_dtype if not on_arena and reduction.round_dtype != wire else None
+        narrow = narrow if len(present) < 2 else None  # a pair's sum need not be a float32
         if on_arena:
             buffer = collectives.shared_buffer(padded, wire)
         else:
             buffer = self.xp.empty(padded, dtype=narrow or wire)
-        found = None
-        if grads is None:
-            buffer[...] = 0
+        found = []
+        if present:
+            found = self._encode(reduction, buffer, present, predictions, True)
         else:
-            found = reduction.encode(buffer, grads, self.layout, predictions, True)
+            buffer[...] = 0
         first = self.reduced is None
         if first:
             self.reduced = self.xp.empty(self.owned_numel, dtype=wire)
@@ -282,13 +321,15 @@ class GroupGradients:
 
     def _free_step_buffers(self) -> None:
         self.reduced = self.pending_reduce = self.pending_result = self.waiting = None
+        self.rounds_waiting = False
         self.kept = {}
         if not self.plan.keeps_local_grads:
             self.local_grads = None
 
     def held_bytes(self) -> int:
         """Bytes of the caller's gradients held: elements kept beyond the cap, and a contribution waiting."""
-        waiting = 0 if self.waiting is None else sum(int(g.nbytes) for g in self.waiting.grads.values())
+        grads = {} if self.waiting is None else self.waiting.grads or {}
+        waiting = sum(int(g.nbytes) for g in grads.values())
         return waiting + sum(int(a.nbytes) for arrays in self.kept.values() for a, _ in arrays)
 
     def comm_bytes(self) -> int:

@@ -3,10 +3,11 @@ mpiexec -n N python -m mpi4py tests/core/paired_digests.py
 
 Each step's contributions (12, 7, 1, 5 and 2 of them, with a jump in magnitude that leaves elements beyond the
 predicted cap) are split over the ranks, so a rank hands in odd and even numbers of them. They go in as copies
-(``keep="copy"``: each encoded on arrival), as arrays given up (``keep="reference"``: paired), and through
-``step(list)`` (paired), at stages 0-3 (pairing on at 2-3 too, where it is not the default) in groups of awkward
-sizes. Rank 0 prints one JSON line: the digest of each run by stage and way, which the test compares with each
-other and with the digest the code gave before pairing.
+(``keep="copy"``: each encoded on arrival), as arrays given up (``keep="reference"``: paired), through
+``step(list)`` (paired), and, at stages 1-3, round by round (``reduce_round``: each round summed over ranks as it
+ends, two rounds in one pass), at stages 0-3 (pairing on at 2-3 too, where it is not the default) in groups of
+awkward sizes. Rank 0 prints one JSON line: the digest of each run by stage and way, which the test compares with
+each other and with the digest the code gave before pairing.
 """
 
 import json
@@ -45,13 +46,28 @@ def run(stage: int, way: str) -> str:
             engine.step(mine)
             continue
         while True:
-            for grads in mine:
-                engine.accumulate(grads, keep=way)
+            if way.startswith("rounds"):
+                reduce_rounds(engine, mine, -(-count // size), keep=way.split()[1])
+            else:
+                for grads in mine:
+                    engine.accumulate(grads, keep=way)
             if not engine.step().redo:
                 break
     return engine.master_digest()
 
 
-digests = {f"{stage} {way}": run(stage, way) for stage in range(4) for way in ("copy", "reference", "step")}
+def reduce_rounds(engine, mine: list, rounds: int, keep: str) -> None:
+    """Each round reduce-scattered as it ends, group by group, as the trainer and the torch bridge do; a rank with
+    fewer contributions than the rounds hands in None."""
+    for round_ in range(rounds):
+        grads = mine[round_] if round_ < len(mine) else None
+        for index in range(len(GROUPS)):
+            engine.reduce_round(index, grads, keep=keep)
+
+
+WAYS = {
+    stage: ("copy", "reference", "step") + (("rounds copy", "rounds reference") if stage else ()) for stage in range(4)
+}
+digests = {f"{stage} {way}": run(stage, way) for stage, ways in WAYS.items() for way in ways}
 if rank == 0:
     print(json.dumps(digests))

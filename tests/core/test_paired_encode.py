@@ -1,8 +1,8 @@
 """The paired encode (two contributions in one pass over the int64 sum) gives the bytes of one encode each.
 
 ``tests/core/paired_digests.py`` hands the same gradient streams in as copies (encoded on arrival), as arrays given
-up (paired) and through ``step(list)`` (paired), at stages 0-3; every run must end on the digest the code gave
-before the paired encode existed (5ee64b8), at every world size.
+up (paired), through ``step(list)`` (paired) and round by round (rounds paired) at stages 0-3; every run must end on
+the digest the code gave before the paired encode existed (5ee64b8), at every world size.
 """
 
 import json
@@ -16,4 +16,4 @@ BEFORE_PAIRING = "8130d26b3ce927f0971931b68e3e103e"
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_paired_and_single_encodes_give_the_digest_of_before(n):
     digests = json.loads(run_mpi_ok(n, ["-m", "mpi4py", "tests/core/paired_digests.py"], timeout=180))
-    assert len(digests) == 12 and set(digests.values()) == {BEFORE_PAIRING}, digests
+    assert len(digests) == 18 and set(digests.values()) == {BEFORE_PAIRING}, digests

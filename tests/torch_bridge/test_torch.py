@@ -27,16 +27,16 @@ def digests():
     found = {}
     for n in IDENTITY_SIZES:
         out = run_mpi_ok(n, ["-m", "mpi4py", "tests/torch_bridge/torch_identity.py"], timeout=240)
-        found[n] = {(m, s): d for m, s, d in re.findall(r"^digest (\w+) (\d) (\w+)$", out, re.M)}
+        found[n] = {(m, s): d for m, s, d in re.findall(r"^digest (\w+) (\dp?) (\w+)$", out, re.M)}
     return found
 
 
 def test_every_world_size_and_stage_gives_the_same_bytes(digests):
-    assert len(digests[1]) == 8, digests[1]
+    assert len(digests[1]) == 10, digests[1]
     for n in IDENTITY_SIZES:
         assert digests[n] == digests[1], f"-n {n} differs from -n 1"
     for kind in ("mlp", "transformer"):
-        assert len({digests[1][(kind, str(s))] for s in range(4)}) == 1, f"{kind}: stages differ"
+        assert len({d for (k, _), d in digests[1].items() if k == kind}) == 1, f"{kind}: stages or pairing differ"
 
 
 def test_checkpoint_reshards_from_stage_3_at_2_ranks_to_stage_1_at_3(digests, tmp_path):
