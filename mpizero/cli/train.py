@@ -344,7 +344,7 @@ def print_accounting(engine, rounds: int, reduce_each_round: bool) -> None:
         "peak during steps: "
         + "  ".join(f"{k} {format_bytes(v)}" for k, v in report["peak"].items())
         + f"  total {format_bytes(report['peak_total'])}  (process peak RSS {format_bytes(report['rss'])}"
-        + (f", of it up to {format_bytes(report['mapped'])} other ranks' shared sums)" if report["mapped"] else ")")
+        + (f", of it up to {format_bytes(report['mapped'])} other ranks' shared blocks)" if report["mapped"] else ")")
     )
     traffic = engine.collectives.traffic
     setup = formulas.formula_setup(engine)

@@ -36,7 +36,7 @@ from mpizero.comm.job.ranks import world_ranks
 from mpizero.comm.job.watchdog import Watchdog
 from mpizero.comm.paths import inter_node_bytes
 from mpizero.comm.pending import Pending
-from mpizero.comm.shared import OwnerSums, SharedArena, address_space_limit, window_room_problem
+from mpizero.comm.shared import NodeBlocks, OwnerSums, SharedArena, address_space_limit, window_room_problem
 from mpizero.comm.transports import STAGING_ENV_VAR, Router, requested_staging
 
 WIRE_VIEWS = {"bfloat16": np.uint16, "float16": np.uint16}
@@ -105,6 +105,7 @@ class Collectives:
             self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.arenas: dict = {}  # key -> SharedArena; "bucket" is the one stages 2-3 share
         self.sums: dict = {}  # key -> OwnerSums: a group's round-by-round sum, on one host
+        self.params_windows: list[NodeBlocks] = []  # stage 3's full params read in place, on one host
         self.paths = self._settle_paths(on_device)
         levels = TwoLevel(comm, self.node, self.watchdog) if self.paths.two_level else None
         self.transports = Router(comm, self.paths, levels)
@@ -160,18 +161,47 @@ class Collectives:
 
     def owner_sums(self, key, numel: int, dtype):
         """The node-shared accumulators ``key`` (``OwnerSums``, ``numel`` elements per rank), made at first use
-        (collective then), or None unless every rank shares this host's memory and none has an address-space
-        limit (each rank maps every rank's accumulators: at stage 3 that is more than its shards)."""
-        if not self.shared or self.paths.two_level or self.node.Get_size() != self.comm.Get_size():
+        (collective then), or None unless on ``_one_host`` with ``_room_to_map``."""
+        if not self._one_host:
             return None
-        if key not in self.sums and self._address_space_limited:
-            return None
-        if key not in self.sums and not self._room_for(numel * np.dtype(dtype).itemsize):
-            return None
-        if key not in self.sums:
+        if key not in self.sums and self._room_to_map(numel * np.dtype(dtype).itemsize):
             with self.watchdog.waiting("set-up of owner sums"):
                 self.sums[key] = OwnerSums(self.node, self.watchdog, numel, dtype)
-        return self.sums[key]
+        return self.sums.get(key)
+
+    def node_params(self, numels: list[int], dtype) -> list[NodeBlocks] | None:
+        """For each of ``numels``, node-shared blocks of that many elements per rank whose ``whole`` is every
+        rank's blocks in one array (collective: two agreements however many), for full params read in place;
+        None unless on ``_one_host`` with ``_room_to_map`` for all and the MPI library laid every rank's blocks
+        out one after another (MPI's default)."""
+        if not (self._one_host and self._room_to_map(sum(numels) * np.dtype(dtype).itemsize)):
+            return None
+        with self.watchdog.waiting("set-up of node-shared params"):
+            made = [NodeBlocks(self.node, self.watchdog, numel, dtype, "params") for numel in numels]
+        if self.allreduce_value(any(b.whole is None for b in made), MPI.LOR, "whether shared params are split"):
+            for blocks in made:
+                blocks.free()
+            return None
+        self.params_windows.extend(made)
+        return made
+
+    @property
+    def _one_host(self) -> bool:
+        """Whether every rank shares this host's memory, and node-shared blocks may be summed or read there."""
+        return self.shared and not self.paths.two_level and self.node.Get_size() == self.comm.Get_size()
+
+    def _room_to_map(self, nbytes: int) -> bool:
+        """Whether node-shared blocks of ``nbytes`` per rank, each mapped by every rank, may be made (collective
+        and agreed): no rank has an address-space limit (each maps every rank's blocks: at stage 3 that is more
+        than its shards), and the shared memory has room."""
+        return not self._address_space_limited and self._room_for(nbytes)
+
+    def read_in_place(self, blocks: NodeBlocks, full_bytes: int) -> None:
+        """Wait until every rank's writes to ``blocks`` are done (collective), counted as an all-gather of
+        ``full_bytes``: what full params read in place replace."""
+        self.traffic.record("allgather", full_bytes, self.comm.Get_size(), self.paths.nodes)
+        with self.traffic.timed("allgather"):
+            blocks.synchronize("shared params (every rank's writes done)")
 
     @functools.cached_property
     def _address_space_limited(self) -> bool:
@@ -197,9 +227,10 @@ class Collectives:
 
     @property
     def mapped_bytes(self) -> int:
-        """Bytes of the other ranks' owner sums this rank maps during a step: in its RSS, not its memory (the
-        pages are theirs, counted once on the host; ``OwnerSums.unmap_others`` drops them after each step)."""
-        return sum(sums.others_bytes for sums in self.sums.values())
+        """Bytes of the other ranks' owner sums this rank maps during a step (``OwnerSums.unmap_others`` drops
+        them after each step) and of their param blocks read in place: in its RSS, not its memory (the pages are
+        theirs, counted once on the host)."""
+        return sum(blocks.others_bytes for blocks in [*self.sums.values(), *self.params_windows])
 
     def agree(self, local: np.ndarray) -> np.ndarray:
         """Reduce a small float64 vector of per-rank facts: entry 0 summed (a count), the rest maxed (flags, maxima).

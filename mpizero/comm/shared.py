@@ -146,13 +146,13 @@ class SharedArena:
             windows.release(self)
 
 
-class OwnerSums:
-    """Every node rank's accumulator of ``numel`` elements of ``dtype``, in one node-shared window."""
+class NodeBlocks:
+    """Every node rank's block of ``numel`` elements of ``dtype``, in one node-shared window every rank maps."""
 
-    def __init__(self, node: MPI.Comm, watchdog, numel: int, dtype) -> None:
-        self.node, self.watchdog = node, WeakWatchdog(watchdog)  # ``windows`` lists it: not it
+    def __init__(self, node: MPI.Comm, watchdog, numel: int, dtype, what: str) -> None:
+        self.node, self.watchdog, self.what = node, WeakWatchdog(watchdog), what  # ``windows`` lists it: not it
         dtype = np.dtype(dtype)
-        with self.watchdog.waiting("shared-memory window allocation (owner sums)"):
+        with self.watchdog.waiting(f"shared-memory window allocation ({what})"):
             self.window = MPI.Win.Allocate_shared(numel * dtype.itemsize, dtype.itemsize, comm=node)
         self.views = [
             np.frombuffer(self.window.Shared_query(r)[0], dtype=np.uint8)[: numel * dtype.itemsize].view(dtype)
@@ -163,29 +163,34 @@ class OwnerSums:
         self.own[...] = 0
         windows.hold(self, world_ranks(node), self.watchdog)  # one host: the engine's ranks
 
-    def push(self, add_block) -> None:
-        """Call ``add_block(owner, accumulator)`` for every node rank, this rank's own first, then the next ones
-        in turn; between two owners every rank waits for every other (collective)."""
-        rank, size = self.node.Get_rank(), self.node.Get_size()
-        for step in range(size):
-            owner = (rank + step) % size
-            add_block(owner, self.views[owner])
-            self.window.Sync()
-            with self.watchdog.waiting(f"owner-sum round (adding into rank {owner}'s accumulator)"):
-                self.node.Barrier()
-            self.window.Sync()
+    @functools.cached_property
+    def whole(self) -> np.ndarray | None:
+        """Every block in rank order as one array, without a copy, where the MPI library laid the blocks out
+        one after another (MPI's default for shared windows); None where it did not."""
+        first = self.views[0]
+        if any(view.ctypes.data != first.ctypes.data + r * first.nbytes for r, view in enumerate(self.views)):
+            return None
+        memory = (ctypes.c_char * (first.nbytes * len(self.views))).from_address(first.ctypes.data)
+        return np.frombuffer(memory, dtype=first.dtype)
+
+    def synchronize(self, what: str) -> None:
+        """Wait until every node rank has come here (collective), with every write before it seen by all."""
+        self.window.Sync()
+        with self.watchdog.waiting(what):
+            self.node.Barrier()
+        self.window.Sync()
 
     @property
     def others_bytes(self) -> int:
-        """Bytes of the other ranks' accumulators."""
+        """Bytes of the other ranks' blocks."""
         return sum(view.nbytes for view in self.views) - self.own.nbytes
 
     def unmap_others(self) -> None:
-        """Drop this process's page mappings of the other ranks' accumulators; their bytes stay in the window.
+        """Drop this process's page mappings of the other ranks' blocks; their bytes stay in the window.
 
-        Each rank maps every accumulator once it has pushed into it, so without this every rank's RSS would count
-        the whole node's sums (one physical copy), and a job's summed RSS would count them once per rank. The next
-        push maps the pages again: a minor fault per page, once per step.
+        Each rank maps every block once it has used it, so without this every rank's RSS would count the whole
+        node's blocks (one physical copy), and a job's summed RSS would count them once per rank. The next use
+        maps the pages again: a minor fault per page.
         """
         rank = self.node.Get_rank()
         for owner, view in enumerate(self.views):
@@ -196,10 +201,26 @@ class OwnerSums:
         """Free the window (collective over the node), as ``SharedArena.free``."""
         if self.window is not None:
             self.window.Unlock_all()
-            with self.watchdog.waiting("shared-memory window free (owner sums)"):
+            with self.watchdog.waiting(f"shared-memory window free ({self.what})"):
                 self.window.Free()
             self.window = None
             windows.release(self)
+
+
+class OwnerSums(NodeBlocks):
+    """Every node rank's accumulator of a round's sum, one block each (see the module's docstring)."""
+
+    def __init__(self, node: MPI.Comm, watchdog, numel: int, dtype) -> None:
+        super().__init__(node, watchdog, numel, dtype, "owner sums")
+
+    def push(self, add_block) -> None:
+        """Call ``add_block(owner, accumulator)`` for every node rank, this rank's own first, then the next ones
+        in turn; between two owners every rank waits for every other (collective)."""
+        rank, size = self.node.Get_rank(), self.node.Get_size()
+        for step in range(size):
+            owner = (rank + step) % size
+            add_block(owner, self.views[owner])
+            self.synchronize(f"owner-sum round (adding into rank {owner}'s accumulator)")
 
 
 MADV_DONTNEED = 4  # Linux's value on every architecture it runs mpizero on

@@ -9,6 +9,7 @@ rank becomes the same error on every rank.
 
 from __future__ import annotations
 
+import numpy as np
 from mpi4py import MPI
 
 from mpizero.arrays import device_module
@@ -48,7 +49,19 @@ def build_groups(
     if problem is not None:
         groups.clear()  # free what was made before agreeing
     agree.raise_if_any(collectives, problem, "bad initial values")
+    share_params(groups, collectives)
     return groups
+
+
+def share_params(groups: list[FlatGroup], collectives) -> None:
+    """Where the stage gathers params and every rank shares this host (host arrays), hold each group's param shard
+    in node-shared full params, read in place by a gather (``Collectives.node_params``: collective, agreed);
+    elsewhere the groups gather by copying."""
+    if not groups or not groups[0].plan.gathers_params or groups[0].xp is not np:
+        return
+    made = collectives.node_params([g.param_shard.size for g in groups], groups[0].param_dtype)
+    for group, blocks in zip(groups, made or []):
+        group.read_in_place(blocks)
 
 
 def agree_held_params(groups: list[FlatGroup], collectives) -> None:

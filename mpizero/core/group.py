@@ -6,7 +6,9 @@ Glossary (these names and no others):
   param dtype (float32, bfloat16 or float16).
 - param shard: this rank's block of the full params. At stages 0-2 it is a view
   into the full params; at stage 3 it is the only parameter buffer kept, and the
-  full params exist only between ``gather`` and ``release``.
+  full params exist only between ``gather`` and ``release``: gathered into a
+  buffer of their own, or, where every rank shares one host, read in place (the
+  param shard is this rank's block of node-shared full params: ``node params``).
 - owned range: what this rank updates: the whole padded buffer when the
   optimizer is not sharded (stage 0), its shard otherwise.
 - gradients: this step's local grads, streamed sum, kept elements and the
@@ -92,7 +94,7 @@ class FlatGroup:
         for _, spec, lo, hi in layout.overlaps(held_start, held_stop):
             held[lo - held_start : hi - held_start] = fill(spec.name, lo - spec.offset, hi - spec.offset)
         start, stop = plan.owned_range
-        self.pending_gather = None
+        self.pending_gather = self.node_params = None
         if plan.gathers_params:
             self.full_params = None
             self.param_shard = held.astype(self.param_dtype, copy=False)
@@ -111,6 +113,12 @@ class FlatGroup:
     @property
     def owned_range(self) -> tuple[int, int]:
         return self.plan.owned_range
+
+    def read_in_place(self, blocks) -> None:
+        """Hold the param shard as this rank's block of ``blocks``, node-shared full params (stage 3 on one host:
+        ``build.share_params``), so that a gather reads every rank's block in place instead of copying them."""
+        blocks.own[...] = self.param_shard
+        self.param_shard, self.node_params = blocks.own, blocks
 
     def states(self) -> Mapping:
         """The master shard (``master``) and each optimizer state shard, by name: in memory, read in for an update,
@@ -207,6 +215,12 @@ class FlatGroup:
 
         ``out``: a caller's buffer (padded numel, param dtype) to gather into instead of a new one.
         """
+        if self.state is ParamState.SHARDED and self.node_params is not None:
+            collectives.read_in_place(self.node_params, self.node_params.whole.nbytes)
+            self.full_params = self.node_params.whole if out is None else self._checked(out)
+            if out is not None:
+                out[...] = self.node_params.whole
+            self.state = ParamState.UNSHARDED
         if self.state is ParamState.SHARDED:
             numel = self.partition.padded_numel
             self.full_params = self.xp.empty(numel, dtype=self.param_dtype) if out is None else self._checked(out)
@@ -242,7 +256,10 @@ class FlatGroup:
 
     def update(self, rule, hyper: tuple, step: int, collectives) -> None:
         """Apply one optimizer step to the master shard, each run with its parameter group's ``hyper``; a rule
-        that needs whole matrices (Muon) goes through ``whole_matrices`` (collective)."""
+        that needs whole matrices (Muon) goes through ``whole_matrices`` (collective). Params read in place wait
+        for every rank's reads first (collective)."""
+        if self.node_params is not None:
+            self.node_params.synchronize("shared params (every rank's reads done)")
         if any(rule.whole(h) for h in hyper):
             whole_matrices.update(self, rule, hyper, step, collectives)
             return
@@ -264,7 +281,7 @@ class FlatGroup:
 
     def memory(self) -> dict[str, int]:
         """Bytes this group holds now, by kind (see ``memory.KINDS``)."""
-        transient_full = self.plan.gathers_params and self.full_params is not None
+        transient_full = self.plan.gathers_params and self.full_params is not None and self.node_params is None
         in_memory = self.place.in_memory()  # offloaded: what is read in for the update, if anything
         return {
             "params": self.param_shard.nbytes if self.plan.gathers_params else self.full_params.nbytes,

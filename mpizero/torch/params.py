@@ -120,18 +120,21 @@ class Binder:
         if self.holders[index] or index in self.in_flight:
             return
         self.announcer.announce(gather, index)
-        out = self.buffers[index].allocate() if self.zero_copy else None
-        self.engine.gather(index, blocking=False, out=out)
+        if self.zero_copy:
+            self._gather_shown(index, blocking=False, private=False)
+        else:
+            self.engine.gather(index, blocking=False)
         self.in_flight.add(index)
 
-    def acquire(self, index: int, gather: Operation = Operation.GATHER) -> None:
+    def acquire(self, index: int, gather: Operation = Operation.GATHER, private: bool = False) -> None:
         """Make group ``index``'s torch parameters hold the full values until the matching ``release``
-        (``gather``: as ``prefetch``'s)."""
+        (``gather``: as ``prefetch``'s). ``private``: into a buffer of their own, even where the engine's full
+        params are read in place, so that an edit the caller may make stays on this rank until it is agreed."""
         if self.holders[index] == 0:
             if index not in self.in_flight:
                 self.announcer.announce(gather, index)
             if self.zero_copy:
-                self.engine.gather(index, out=self.buffers[index].allocate())
+                self._gather_shown(index, blocking=True, private=private)
             else:
                 views = self.engine.gather(index)
                 self.buffers[index].allocate()
@@ -140,6 +143,15 @@ class Binder:
             self.in_flight.discard(index)
             self._show(index)
         self.holders[index] += 1
+
+    def _gather_shown(self, index: int, blocking: bool, private: bool) -> None:
+        """Gather group ``index`` (float32) into the buffer its parameters show: the engine's full params where
+        it reads them in place (a forward or backward: nothing is copied), else a buffer of their own."""
+        if self.engine.groups[index].node_params is not None and not private:
+            self.engine.gather(index, blocking=blocking)
+            self.buffers[index].allocate(self.engine.full_params(index))
+        else:
+            self.engine.gather(index, blocking=blocking, out=self.buffers[index].allocate())
 
     def release(self, index: int) -> None:
         """Drop one hold on group ``index``; the last one frees its full params."""

@@ -376,7 +376,7 @@ class ShardedModel:
                 self._reduce_early()
             held = range(len(self.engine.groups)) if self.binder.sharded else range(0)
             for index in held:
-                self.binder.acquire(index)
+                self.binder.acquire(index, private=True)
             kept = self.binder.kept_copy()  # what an exception shows again (stage 3 gathers it again instead)
         left_normally = False
         try:

@@ -88,9 +88,12 @@ class FullParams:
     def allocated(self) -> bool:
         return self.tensor is not None
 
-    def allocate(self):
+    def allocate(self, shown=None):
         """Make the buffer exist (if it does not): the last one if anything still holds it, else a new one; return
-        an array view of it (zero-copy)."""
+        an array view of it (zero-copy). ``shown``: the array to show instead (the engine's full params, read in
+        place), made the buffer until ``free``."""
+        if shown is not None:
+            self.tensor = as_tensor(shown)
         if self.tensor is None:
             memory = self._last()
             if memory is None:

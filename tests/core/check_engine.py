@@ -78,8 +78,15 @@ def check_memory_by_stage():
         assert held["optimizer"] == 2 * 4 * sum(owned)
         arena = 8 * max(padded) if engine.collectives.shared else 0  # stages 2-3: the one shared bucket buffer
         assert held["comm"] == (8 * sum(padded) if stage < 2 else arena), (stage, held)
-        with engine.gathered():
-            assert engine.memory()["gathered"] == (4 * sum(padded) if stage == 3 else 0)
+        # stage 3 with every rank on one host reads the full params in place: nothing is gathered, and the views
+        # are of the node-shared blocks each rank's update writes its param shard into
+        in_place = stage == 3 and engine.collectives.shared
+        assert [g.node_params is not None for g in engine.groups] == [in_place] * len(engine.groups), stage
+        with engine.gathered() as full:
+            assert engine.memory()["gathered"] == (4 * sum(padded) if stage == 3 and not in_place else 0)
+            if in_place:
+                whole = [g.node_params.whole for g in engine.groups]
+                assert all(any(np.shares_memory(view, w) for w in whole) for view in full.values())
         assert engine.memory() == held
 
 

@@ -68,7 +68,8 @@ def test_awkward_sizes_leave_some_rank_only_padding(comm):
 def test_stage_3_gathered_is_the_reference_and_freed_after(comm):
     engine, reference = train(comm, 3)
     with engine.gathered() as full:
-        assert engine.memory()["gathered"] > 0
+        in_place = engine.groups[0].node_params is not None  # one host: read in place, nothing gathered
+        assert (engine.memory()["gathered"] > 0) != in_place
         for name, value in reference.params.items():
             assert np.asarray(full[name]).tobytes() == value.tobytes(), name
     assert engine.memory()["gathered"] == 0
