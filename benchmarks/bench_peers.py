@@ -8,14 +8,16 @@ loss. Adam (lr 1e-4), global batch ``--batch``, fp32, one thread per rank. Each 
 ``--micro-batches`` count (backward passes per rank and step), each run in its own ``mpiexec -n RANKS`` job; the
 table gives, per count, the median step time after warm-up and its ratio to DDP's, then, for the first count, the
 largest peak RSS of any rank and the largest peak RSS above that rank's RSS once torch was imported and the model
-built (what the training state costs), and of that, the other ranks' shared-memory gradient sums an ``mpizero``
-rank maps during a step (its RSS counts those pages, but they are the other ranks', held once on the host).
+built (what the training state costs), and of that, the other ranks' shared-memory blocks an ``mpizero`` rank
+maps (gradient sums during a step, stage 3's params read in place; its RSS counts those pages, but they are the
+other ranks', held once on the host).
 ``--json PATH`` appends each run's result as one JSON line as soon as it ends.
 
 Accumulation as each framework's users do it: DDP (``gradient_as_bucket_view=True``, its best setting) under
 ``no_sync()`` but for the last micro-batch; FSDP2 (each block a unit, as mpizero stage 3) reduce-scatters every
 micro-batch (its default); DeepSpeed with its own ``gradient_accumulation_steps``, ``engine.backward`` and
-``engine.step()`` per micro-batch; ``mpizero.torch`` streams the gradients through ``step(closure)``; the
+``engine.step()`` per micro-batch; ``mpizero.torch`` streams the gradients through ``step(closure)`` (``-paired``:
+two rounds summed in one pass, ``pair_contributions=True``, one more float32 gradient held); the
 engine-only ``mpizero-N-*`` configurations (NumPy MLP) hand the trainer the micro-batches.
 """
 
@@ -64,6 +66,8 @@ CONFIGS = [
     "mpizero.torch-1",
     "mpizero.torch-2",
     "mpizero.torch-3",
+    "mpizero.torch-2-paired",
+    "mpizero.torch-3-paired",
     "gpt2-ddp",
     "gpt2-mpizero.torch-2",
     "gpt2-mpizero.torch-3",
@@ -206,8 +210,9 @@ def mpizero_torch_worker(args, config: str) -> dict:
     comm = MPI.COMM_WORLD
     model = peers_models.build(args)
     baseline = current_rss()
-    stage = int(config.split("-")[1])
-    zero = shard(model, Adam(lr=1e-4), stage=stage, units=peers_models.blocks(args, model), comm=comm)
+    stage, paired = int(config.split("-")[1]), config.endswith("-paired")  # -paired: rounds two in one pass
+    units = peers_models.blocks(args, model)
+    zero = shard(model, Adam(lr=1e-4), stage=stage, units=units, comm=comm, pair_contributions=paired or None)
 
     def step_fn(step: int) -> None:
         def closure():

@@ -4,12 +4,14 @@ Bytes per parameter on one rank (fp32 parameters, Adam, ``R`` ranks), read plus 
 (``bench_bandwidth.py``); ``docs/benchmarks.md`` explains each term. The floor of a step is those bytes times the
 parameters over one rank's share of the machine's bandwidth (every rank streams at once). Compute, Python,
 messages between ranks and the kernels' own inefficiency come on top, so a measured step is a multiple of it.
+All ranks on one host, as ``bench_peers`` runs them: stage 3 reads the full params in place (across hosts it would
+gather each unit twice per backward pass, 16 bytes more each), and stages 2-3 add each round straight into the
+owners' shared sums.
 """
 
 from __future__ import annotations
 
 PRODUCE = 12  # per backward pass: the forward reads W (4), the backward reads W (4) and writes dW (4)
-GATHER = 16  # stage 3, per backward pass: gather a unit's full params twice (forward, backward): read 4, write 4
 ADD_FLOAT32 = 12  # g += dW in float32: read 4, read 4, write 4
 ENCODE_FIRST = 12  # the first contribution: read float32 dW (4), write its int64 (8)
 ENCODE_ADD = 20  # every later one: read dW (4), read and write the int64 sum (16)
@@ -29,32 +31,46 @@ def ddp_allreduce(ranks: int) -> float:
 
 
 def backward_passes_bytes(config: str, ranks: int, passes: int) -> float:
-    """Bytes per parameter of one rank's ``passes`` backward passes of a step, gradients accumulated."""
+    """Bytes per parameter of one rank's ``passes`` backward passes of a step, gradients accumulated (one host)."""
     if config == "torch-ddp":  # the first gradient is autograd's own (in DDP's bucket); later ones add into it
         return PRODUCE * passes + ADD_FLOAT32 * (passes - 1)
-    stage = int(config.rsplit("-", 1)[1])
-    produce = (PRODUCE + (GATHER if stage == 3 else 0)) * passes
+    stage, paired = stage_of(config), config.endswith("-paired") or stage_of(config) <= 1
     if stage <= 1:  # into this rank's own int64 sum, two contributions a pass (an odd last one alone)
-        pairs, alone = divmod(passes, 2)
-        encode = PAIR_FIRST + PAIR_ADD * (pairs - 1) + ENCODE_ADD * alone if pairs else ENCODE_FIRST
-        return produce + encode
-    # stages 2-3: each rank starts its own block of the sum and adds its block for every other owner
-    first = (ENCODE_FIRST + ENCODE_ADD * (ranks - 1)) / ranks
-    return produce + first + ENCODE_ADD * (passes - 1)
+        return PRODUCE * passes + _encodes(passes, ENCODE_FIRST, PAIR_FIRST)
+    # stages 2-3: each rank starts its own block of the sum and adds its block for every other owner; paired, two
+    # rounds at a time
+    first_one, first_two = (
+        (first + add * (ranks - 1)) / ranks for first, add in ((ENCODE_FIRST, ENCODE_ADD), (PAIR_FIRST, PAIR_ADD))
+    )
+    if not paired:
+        return PRODUCE * passes + first_one + ENCODE_ADD * (passes - 1)
+    return PRODUCE * passes + _encodes(passes, first_one, first_two)
+
+
+def _encodes(passes: int, first_one: float, first_two: float) -> float:
+    """Bytes of ``passes`` contributions encoded two in one pass (an odd last one alone), the first pass (one or
+    two contributions) costing ``first_one`` or ``first_two``."""
+    pairs, alone = divmod(passes, 2)
+    return first_two + PAIR_ADD * (pairs - 1) + ENCODE_ADD * alone if pairs else first_one
+
+
+def stage_of(config: str) -> int:
+    """The ZeRO stage of an ``mpizero.torch-S`` or ``mpizero.torch-S-paired`` configuration."""
+    return int(config.split("-")[1])
 
 
 def per_step(config: str, ranks: int) -> float:
     """Bytes per parameter of one rank's step after the backward passes: reduction, decode, update, publish."""
     if config == "torch-ddp":
         return ddp_allreduce(ranks) + TORCH_ADAM
-    stage = int(config.rsplit("-", 1)[1])
+    stage = stage_of(config)
     reduce = {0: 8 * ranks + 8, 1: 8 + 8 / ranks, 2: 0, 3: 0}[stage]  # out of the node-shared int64 sums
     owned = 1 if stage == 0 else 1 / ranks  # stage 0 decodes and updates every parameter on every rank
     publish = {0: 8, 1: 8, 2: 8, 3: 0}[stage]  # stage 0 copies the master into the params; 1-2 all-gather them
     return reduce + (DECODE + ADAM) * owned + publish
 
 
-MODELLED = ("torch-ddp", "mpizero.torch-0", "mpizero.torch-1", "mpizero.torch-2", "mpizero.torch-3")
+MODELLED = ("torch-ddp", *(f"mpizero.torch-{s}" for s in range(4)), "mpizero.torch-2-paired", "mpizero.torch-3-paired")
 
 
 def step_bytes(config: str, ranks: int, backward_passes: int) -> float | None:
