@@ -8,11 +8,12 @@ Models: ``mlp``, ``--layers`` x Linear(width, width) + GELU (6 x 4096: 101M para
 ``transformer``, a torch.nn.TransformerEncoder; AdamW, ``--micro-batches`` backward passes of
 ``--rows`` rows per step, fp32, TF32 off. Runs, each in its own process (or ``mpiexec -n R`` job):
 ``torch`` (one process), ``ddp`` and ``fsdp2`` (NCCL, world size 1), ``mpizero.torch-S`` (stage S,
-at each of ``--ranks`` on the one GPU), and ``train`` (``python -m mpizero train --device gpu``, the
-NumPy-style transformer, at each of ``--ranks``). Step time: median after ``--warmup`` steps, slowest
-rank. Peak memory: torch's peak allocation plus CuPy's pool, largest rank. Staged: bytes copied between
-device and host per step (``Traffic.staged``), and the rate they moved at while blocked in collectives,
-beside the pinned copy peak measured first.
+at each of ``--ranks`` on the one GPU: a plain loop, ``backward()`` per micro-batch then ``step()``),
+``mpizero.closure-S`` (the same passes through ``step(closure)``, which copies no counts back per pass),
+and ``train`` (``python -m mpizero train --device gpu``, the NumPy-style transformer, at each of ``--ranks``).
+Step time: median after ``--warmup`` steps, slowest rank. Peak memory: torch's peak allocation plus CuPy's
+pool, largest rank. Staged: bytes copied between device and host per step (``Traffic.staged``), and the rate
+they moved at while blocked in collectives, beside the pinned copy peak measured first.
 
 ``--json FILE`` is rewritten (atomically) as each run ends, so a benchmark cut short keeps its rows.
 ``--budget SECONDS`` bounds the whole benchmark from its start: a run starts only while the time left is at
@@ -32,7 +33,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-RUNS = ["torch", "ddp", "fsdp2", "mpizero.torch-0", "mpizero.torch-1", "mpizero.torch-2", "mpizero.torch-3", "train"]
+STAGES = range(4)
+RUNS = ["torch", "ddp", "fsdp2", *(f"mpizero.{loop}-{s}" for loop in ("torch", "closure") for s in STAGES), "train"]
 NO_DEVICE = "bench_gpu: no CUDA device ({why}): nothing to measure"
 SHORTEST_RUN = 10.0  # seconds: no run of a fresh process that builds a model on the GPU takes less
 
@@ -148,7 +150,8 @@ def torch_worker(args, run: str) -> dict:
 
 
 def mpizero_worker(args, run: str) -> dict:
-    """``mpizero.torch.shard`` at one stage; this rank's share of the micro-batches."""
+    """``mpizero.torch.shard`` at one stage; this rank's share of the micro-batches, in a plain loop or through
+    ``step(closure)``."""
     import numpy as np
     import torch
     from mpi4py import MPI
@@ -161,11 +164,17 @@ def mpizero_worker(args, run: str) -> dict:
     zero = shard(model, mpizero.AdamW(lr=1e-4), stage=int(run.rsplit("-", 1)[1]), comm=comm)
     mine = mpizero.split_evenly(args.micro_batches, comm.size, comm.rank)
 
-    def step_fn(step: int) -> None:
+    def passes(step: int) -> None:
         for micro in mine:
             x, y = batch(args, args.model, 0, step, micro)
             torch.nn.functional.mse_loss(model(x), y).backward()
-        zero.step()
+
+    def step_fn(step: int) -> None:
+        if run.startswith("mpizero.closure"):
+            zero.step(lambda: passes(step))
+        else:
+            passes(step)
+            zero.step()
         zero.zero_grad()
 
     traffic = zero.engine.collectives.traffic

@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
-# The one prepared GPU run, in value order, within GPU_CHECK_DEADLINE seconds (default 300) so that a rerun fits
-# in 15 minutes of device time. From the repository root:
+# The one prepared GPU run, in value order, within GPU_CHECK_DEADLINE seconds (default 480: 8 minutes, the
+# machine's start not counted). From the repository root:
 #   bash launch/gpu_check.sh            quick, then bitwise, then bench
-#   bash launch/gpu_check.sh quick      by 110 s: versions, a warm-up, verify -n 2 (mlp, transformer), a train pair
-#                                       (-n 1 stage 0, -n 2 stage 3) that must give one sha256, and a stage 3 torch
-#                                       model on cuda through save/load and load_state_dict, byte for byte
-#   bash launch/gpu_check.sh bitwise    by 230 s: verify at -n 2 4 3 1, both models, fp32 and fp16, staged (and
-#                                       CUDA-aware where MPI is); train at five (n, stage, staging) and through a
-#                                       checkpoint resumed at another n and stage, one sha256; the rest of
-#                                       tests/device/test_gpu.py
-#   bash launch/gpu_check.sh bench      what is left: benchmarks/bench_gpu.py, a JSON row per run as it ends
-# The last part to run runs until the deadline; the others stop at their mark (110 s, 230 s). A command runs under
+#   bash launch/gpu_check.sh quick      by 120 s: versions, a warm-up, the GPU against the CPU (verify --against cpu
+#                                       -n 2, mlp, fp32 fp16 bf16; mpizero.torch's digests on cuda and on the CPU),
+#                                       verify -n 2 (mlp, transformer), a train pair (-n 1 stage 0, -n 2 stage 3)
+#                                       that must give one sha256, and a stage 3 torch model on cuda through
+#                                       save/load and load_state_dict, byte for byte
+#   bash launch/gpu_check.sh bitwise    by 300 s: verify --against cpu at -n 4 3 1 and the transformer at -n 2;
+#                                       verify at -n 2 4 3 1, both models, fp32 and fp16, staged (and CUDA-aware
+#                                       where MPI is); train at five (n, stage, staging) and through a checkpoint
+#                                       resumed at another n and stage, one sha256; the rest of test_gpu.py
+#   bash launch/gpu_check.sh bench      what is left: benchmarks/bench_gpu.py, a JSON row per run as it ends: the
+#                                       101M MLP in plain torch, then mpizero.torch's plain loop against
+#                                       step(closure) at stages 3 and 0, then the rest
+# The last part to run runs until the deadline; the others stop at their mark (120 s, 300 s). A command runs under
 # its own timeout, cut to the time left; one that would start with under 5 s left is skipped, and named so.
-# The verdict: PASSED (exit 0), FAILED naming each failed command (exit 1), or INCOMPLETE naming what was skipped
-# (exit 2). A failed train run is named; the sha256 is compared only among runs that succeeded, named.
+# The verdict: PASSED (exit 0; with what the device refused, named: bf16 while it is refused), FAILED naming each
+# failed command (exit 1), or INCOMPLETE naming what was skipped (exit 2). A failed train run is named; the sha256
+# is compared only among runs that succeeded, named.
 # Logs: $OUT/gpu_check-<parts>.log as it runs ($OUT: the device tool's folder that comes back; /tmp elsewhere),
 # the benchmark's rows in $OUT/bench_gpu.json, rewritten after each run.
 # Any Python: PYTHON=python3 (the default) or a venv's; mpiexec is the one beside that Python, else PATH's.
@@ -30,7 +35,7 @@ mkdir -p "$LOGS"
 parts="${*:-quick bitwise bench}"
 exec > >(tee "$LOGS/gpu_check-${parts// /-}.log") 2>&1  # everything below, as it happens: a cut run keeps its log
 
-deadline=$((SECONDS + ${GPU_CHECK_DEADLINE:-300}))  # SECONDS: since the script started
+deadline=$((SECONDS + ${GPU_CHECK_DEADLINE:-480}))  # SECONDS: since the script started
 PYTHON="${PYTHON:-python3}"
 DEVICE="${GPU_CHECK_DEVICE:-gpu}"
 case "$DEVICE" in  # the one place a device is described: --device of verify/train, torch's device, CuPy needed
@@ -72,13 +77,14 @@ MPIEXEC=$("$PYTHON" -c "from mpizero.comm.job.launcher import mpiexec; print(mpi
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-passed=() failed=() skipped=()
+passed=() failed=() skipped=() refused=()
 step() { echo; echo "== +$((SECONDS))s $*"; }
 time_left() { left=$(((box_end < deadline ? box_end : deadline) - SECONDS)); }
 passed_above() {  # passed_above NAME: true if NAME ran and passed earlier in this check
   [[ " ${passed[*]} " == *" $1 "* ]]
 }
 run() {  # run SECONDS NAME COMMAND...: under a timeout cut to the time left; passed, failed or skipped, by name
+  # (refused, by name, where may_refuse=1 and it exits 3: verify --against's "the device refused a precision")
   local seconds=$1 name=$2 cut=0 rc
   shift 2
   time_left
@@ -87,6 +93,7 @@ run() {  # run SECONDS NAME COMMAND...: under a timeout cut to the time left; pa
   timeout -k 10 "$seconds" "$@"
   rc=$?
   if ((rc == 0)); then passed+=("$name"); return 0; fi
+  if ((rc == 3 && ${may_refuse:-0})); then passed+=("$name") refused+=("$name"); return 0; fi
   if ((cut && (rc == 124 || rc == 137))); then
     echo "!! $name cut after $seconds s: out of time"; skipped+=("$name (cut)")
   else
@@ -99,6 +106,27 @@ verify() {  # verify AWARE N MODEL PRECISION: every stage, bitwise against the s
   step "verify -n $2 --model $3 --precision $4 (stages 0-3), MPIZERO_CUDA_AWARE=$1"
   run 90 "verify-$1-$2-$3-$4" env MPIZERO_CUDA_AWARE="$1" "$MPIEXEC" -n "$2" "$PYTHON" -m mpizero verify \
     --device "$cli_device" --model "$3" --precision "$4" --steps 3
+}
+against() {  # against N MODEL: verify --against cpu, fp32 fp16 bf16 at every stage: the device's bytes, the host's
+  local name="against-$1-$2"
+  step "verify --against cpu -n $1 --model $2 --precision all (stages 0-3): the device against the host"
+  may_refuse=1 run 90 "$name" env MPIZERO_CUDA_AWARE=0 "$MPIEXEC" -n "$1" "$PYTHON" -m mpizero verify \
+    --device "$cli_device" --against cpu --model "$2" --precision all --steps 3
+}
+bridge() {  # bridge N: mpizero.torch on the device and on the CPU (torch_against_cpu.py): the same digest lines
+  local on_device="$work/bridge-device-$1.txt" on_cpu="$work/bridge-cpu-$1.txt" name="bridge-$1" script
+  script=tests/torch_bridge/torch_against_cpu.py
+  step "mpizero.torch on $torch_device against the CPU, -n $1: fp32, fp16, bf16 at stages 0-3"
+  run 90 "$name-device" bash -c 'exec "${@:2}" > "$1"' _ "$on_device" env MPIZERO_CUDA_AWARE=0 "$MPIEXEC" -n "$1" \
+    "$PYTHON" -m mpi4py "$script" "$torch_device" || return
+  run 90 "$name-cpu" bash -c 'exec "${@:2}" > "$1"' _ "$on_cpu" env -u MPIZERO_STANDIN "$MPIEXEC" -n "$1" \
+    "$PYTHON" -m mpi4py "$script" cpu || return
+  cat "$on_device"
+  if ! grep -q '^digest' "$on_device" || grep '^digest' "$on_device" | grep -vxF -f "$on_cpu"; then
+    echo "!! $name: the digests above differ from the CPU's (or none was printed)"; failed+=("$name"); return
+  fi
+  echo "-- $name: every digest the device printed is the CPU's"
+  if grep -q '^refused' "$on_device"; then refused+=("$name"); fi
 }
 train_run() {  # train_run NAME AWARE STAGING N TRAIN-FLAGS...: mpizero train under run, the transformer's settings
   local name=$1 aware=$2 staging=$3 n=$4
@@ -150,7 +178,7 @@ mark() {  # mark PART SECONDS: the part ends SECONDS after the start, or at the 
 }
 
 box_end=$deadline
-step "versions ($PYTHON, $MPIEXEC, GPU_CHECK_DEVICE=$DEVICE, deadline ${GPU_CHECK_DEADLINE:-300} s)"
+step "versions ($PYTHON, $MPIEXEC, GPU_CHECK_DEVICE=$DEVICE, deadline ${GPU_CHECK_DEADLINE:-480} s)"
 run 60 versions env GPU_CHECK_NEEDS_CUPY=$needs_cupy "$PYTHON" - <<'PY'
 import os
 import sys
@@ -187,7 +215,9 @@ if ((needs_cupy)); then  # compiles CuPy's kernels into its cache, so that the t
 fi
 
 if wants quick; then
-  mark quick 110
+  mark quick 120
+  against 2 mlp
+  bridge 2
   verify 0 2 mlp fp32
   verify 0 2 transformer fp32
   train 0 1 0 pinned
@@ -198,7 +228,9 @@ if wants quick; then
 fi
 
 if wants bitwise; then
-  mark bitwise 230
+  mark bitwise 300
+  for n in 4 3 1; do against "$n" mlp; done
+  against 2 transformer
   aware_settings=0
   if "$PYTHON" -c "from mpizero.comm.cuda_aware import query_cuda_support as q; raise SystemExit(0 if q() else 1)"; then
     aware_settings="0 1"
@@ -243,9 +275,11 @@ if wants bench; then
   else
     # The benchmark starts a run only while it fits in --budget (counted from its start); 15 s to spare for the
     # interpreter's start and the kill grace.
+    # mpizero.torch against plain torch, and its plain loop (G x M copies of counts back a step) against
+    # step(closure) (none), at stages 3 and 0: the measurement docs/gpus.md's "Copies to the host per step" waits for.
     run "$left" bench_gpu "$PYTHON" benchmarks/bench_gpu.py --models mlp --ranks 1 2 --steps 5 --warmup 2 \
       --timeout 120 --budget $((left - 15)) --json "$LOGS/bench_gpu.json" \
-      --runs torch mpizero.torch-3 mpizero.torch-2 mpizero.torch-0 ddp fsdp2 train
+      --runs torch mpizero.torch-3 mpizero.closure-3 mpizero.torch-0 mpizero.closure-0 mpizero.torch-2 ddp fsdp2 train
   fi
   if [ -f "$LOGS/bench_gpu.json" ]; then
     not_run=$("$PYTHON" -c 'import json, sys; print(sum("skipped" in r for r in json.load(open(sys.argv[1]))["rows"]))' \
@@ -257,10 +291,10 @@ fi
 echo
 echo "gpu_check: ${#passed[@]} commands passed in $SECONDS s"
 if ((${#failed[@]})); then
-  echo "gpu_check: FAILED: ${failed[*]}${skipped[*]:+; skipped: ${skipped[*]}}"
+  echo "gpu_check: FAILED: ${failed[*]}${skipped[*]:+; skipped: ${skipped[*]}}${refused[*]:+; refused by the device: ${refused[*]}}"
   exit 1
 elif ((${#skipped[@]})); then
-  echo "gpu_check: INCOMPLETE: nothing failed; skipped: ${skipped[*]}"
+  echo "gpu_check: INCOMPLETE: nothing failed; skipped: ${skipped[*]}${refused[*]:+; refused by the device: ${refused[*]}}"
   exit 2
 fi
-echo "gpu_check: PASSED"
+echo "gpu_check: PASSED${refused[*]:+; refused by the device (the reasons above): ${refused[*]}}"

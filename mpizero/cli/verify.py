@@ -1,6 +1,8 @@
 """``python -m mpizero verify``: train an MLP at every stage, compare with the reference after every step.
 
-Run: ``mpiexec -n 4 python -m mpizero verify`` (any -n, including 1).
+Run: ``mpiexec -n 4 python -m mpizero verify`` (any -n, including 1). With ``--device gpu --against cpu`` it
+compares the engine on the GPU with the engine on the host instead, bit for bit (``against``); exit status 3
+there means the device refused a precision (named) and nothing else differed.
 """
 
 from __future__ import annotations
@@ -11,32 +13,33 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from mpizero.arrays import bits, device_module, to_device, to_host
-from mpizero.cli import options
+from mpizero.arrays import device_module, to_device, to_host
+from mpizero.cli import against, options
+from mpizero.cli.bitwise import Mismatch, first_difference
+from mpizero.cli.verify_runs import (
+    JUMP_PER_RANK,
+    JUMP_STEP,
+    SMALL_STEP,
+    build_engine,
+    build_model,
+    make_optimizer,
+    micro_batches_at,
+    numerics,
+    synthetic_batch,
+)
 from mpizero.comm.paths import CommPaths
-from mpizero.core.engine import ZeroEngine
 from mpizero.core.memory import format_bytes
-from mpizero.core.optim import OPTIMIZERS
 from mpizero.core.optim.oracle import DocumentedOptimizer
 from mpizero.core.precision import PRECISIONS, LossScaler
 from mpizero.core.reference import Reference
 from mpizero.core.stages import STAGES
-from mpizero.training import initial
-from mpizero.training.mlp import MLP, regression_batch
 from mpizero.training.model import forward_backward
-from mpizero.training.trainer import Trainer, make_groups, reference_step
-from mpizero.training.transformer import Transformer
+from mpizero.training.trainer import Trainer, reference_step
 
-WIDTHS = (13, 31, 29, 5)
-VOCAB = 11
 REFERENCE_SETTINGS = ("param_dtype", "clip_norm", "on_nonfinite", "scale_headroom")
 NATIVE_TOLERANCE = 1e-4
 # relative max-norm; float32 rounding drifts by up to ~2e-8 per step (README, "What verify checks")
 SEMANTICS_TOLERANCE, SEMANTICS_TOLERANCE_PER_STEP = 1e-5, 1e-7
-MICRO_BATCHES_PER_RANK = 3  # so a rank that loses one of its own micro-batches is caught
-# By default step 2 has one micro-batch in all and step 3 four per rank: the count jumps past what step 2's scale
-# prediction holds (three), so step 3 is redone, at about the cost of two ordinary steps.
-SMALL_STEP, JUMP_STEP, JUMP_PER_RANK = 2, 3, 4
 # relative max-norm between the averaged mixed-precision gradients and the same step computed in fp32: fp16 stores
 # each gradient with an 11-bit significand (relative error up to 2**-11 = 4.9e-4); bf16 keeps gradients in fp32
 GRADIENT_TOLERANCE = {"fp16": 2e-3, "bf16": 1e-5}
@@ -48,8 +51,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     options.add(parser, "model", help="mlp: a 13-31-29-5 regression MLP; transformer: 2 blocks of width 16")
     options.add(parser, "device", help="cpu: NumPy; gpu: CuPy arrays, the reference on the GPU too")
+    parser.add_argument(
+        "--against",
+        choices=["cpu"],
+        default=None,
+        help="with --device gpu or standin: the same gradients through the engine on the host too, compared bit for "
+        "bit after every step (instead of the reference on the device, which runs the device's kernels)",
+    )
     options.add(parser, "optimizer", default="adam")
-    options.add(parser, "precision", "reduction")
+    options.add(parser, "precision", choices=[*sorted(PRECISIONS), "all"])
+    options.add(parser, "reduction")
     options.add(parser, "steps", default=10, help="steps, each compared with the reference")
     options.add(parser, "seed")
     parser.add_argument(
@@ -68,8 +79,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args, world_size: int) -> None:
-    """Raise a ZeroError for settings no verification could use (ranges are checked while parsing)."""
-    problems = options.device_problems(args)
+    """Raise a ZeroError for settings no verification could use (ranges are checked while parsing). With
+    ``--against`` a precision the device refuses is reported by the comparison, not here."""
+    asked = [] if args.against else [with_precision(args, name) for name in precisions(args)]
+    problems = [problem for one in asked for problem in options.device_problems(one)]
+    if args.against and args.device == "cpu":
+        problems.append("--against cpu compares a device with the host: give --device gpu or standin")
+    if args.against and args.reduction != "exact":
+        problems.append(f"--against cpu needs --reduction exact: {args.reduction} sums differ between paths")
     if args.perturb_rank is not None and not 0 <= args.perturb_rank < world_size:
         problems.append(f"--perturb-rank {args.perturb_rank} is not a rank of the {world_size} ranks")
     options.raise_problems(problems)
@@ -81,50 +98,30 @@ OUTPUT_DIRS: dict[str, str] = {}
 WORK_DIRS: dict[str, str] = {}
 
 
-def build_model(name: str):
-    """The verify models: a regression MLP with awkward widths, or a small transformer."""
-    return MLP(WIDTHS) if name == "mlp" else Transformer(vocab=VOCAB, block_size=8, width=16, heads=2, n_layer=2)
+def precisions(args) -> list[str]:
+    """The precisions ``--precision`` names: one, or every one (``all``)."""
+    return list(PRECISIONS) if args.precision == "all" else [args.precision]
 
 
-def synthetic_batch(model, seed: int, step: int, micro_batch: int, size: int):
-    """Data generated from the seed, keyed by step and micro-batch (never by rank)."""
-    if isinstance(model, MLP):
-        return regression_batch(WIDTHS, seed, step, micro_batch, size)
-    rng = np.random.default_rng([seed, 5, step, micro_batch])
-    tokens = rng.integers(0, VOCAB, size=(size, model.block_size + 1))
-    return tokens[:, :-1], tokens[:, 1:]
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """The first element where this rank's state differs from the reference."""
-
-    step: int
-    rank: int
-    what: str
-    tensor: str
-    index: tuple
-    engine_value: float
-    reference_value: float
-
-    def __str__(self) -> str:
-        return (
-            f"MISMATCH at step {self.step} on rank {self.rank}: {self.what} {self.tensor}{list(self.index)} "
-            f"engine {self.engine_value!r} != reference {self.reference_value!r}"
-        )
+def with_precision(args, name: str) -> argparse.Namespace:
+    """``args`` with ``--precision name``."""
+    return argparse.Namespace(**{**vars(args), "precision": name})
 
 
 def run(args, comm) -> int:
-    """Verify each requested stage; print one line per stage on rank 0; return the exit code."""
+    """Verify each requested precision and stage; print one line each on rank 0; return the exit code."""
     stages = list(STAGES) if args.stage == "all" else [int(args.stage)]
+    if args.against:
+        return against.run(args, comm, stages, precisions(args))
     failed = False
-    for stage in stages:
-        line, ok, paths = verify_stage(stage, args, comm)
-        failed |= not ok
-        if comm.Get_rank() == 0:
-            if stage == stages[0]:
-                print(paths.describe(), flush=True)
-            print(line, flush=True)
+    for name in precisions(args):
+        for stage in stages:
+            line, ok, paths = verify_stage(stage, with_precision(args, name), comm)
+            failed |= not ok
+            if comm.Get_rank() == 0:
+                if stage == stages[0] and name == precisions(args)[0]:
+                    print(paths.describe(), flush=True)
+                print(line, flush=True)
     return 1 if failed else 0
 
 
@@ -174,15 +171,6 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool, CommPaths]:
     return line, ok, engine.collectives.paths
 
 
-def micro_batches_at(step: int, counts: list[int] | None, size: int) -> int:
-    """Step ``step``'s micro-batches over all ranks: ``counts`` cycled, or the default (``JUMP_STEP``)."""
-    if counts is not None:
-        return counts[(step - 1) % len(counts)]
-    if step == SMALL_STEP:
-        return 1
-    return (JUMP_PER_RANK if step == JUMP_STEP else MICRO_BATCHES_PER_RANK) * size
-
-
 def build_runs(stage: int, args, comm, model, precision):
     """The engine and its trainer, the single-rank reference, and the optimizer's documented algorithm.
 
@@ -190,20 +178,12 @@ def build_runs(stage: int, args, comm, model, precision):
     which every rank runs to check its own shard, start from the whole model built at once (``model.init``), so a
     different initial value is caught as a mismatch."""
     params = to_device(model.init(args.seed), device_module(args.device))
-    kind = OPTIMIZERS[args.optimizer]
-    optimizer = kind.for_shapes({n: p.shape for n, p in params.items()}, **kind.verify_settings)
-    numerics = dict(
-        precision.engine_settings(),
-        watchdog=args.watchdog or None,
-        clip_norm=args.clip_norm or None,
-        scale_headroom=args.scale_headroom,
-    )
-    groups = make_groups(model, stage, args.bucket_elems)
-    source = initial.sharded(model, args.seed, args.device)
-    engine = ZeroEngine(source, optimizer, comm=comm, groups=groups, stage=stage, reduction=args.reduction, **numerics)
-    reference = RecordingReference(params, optimizer, args.reduction, **{k: numerics[k] for k in REFERENCE_SETTINGS})
+    optimizer = make_optimizer(args, model)
+    engine = build_engine(stage, args, comm, model, precision, optimizer, args.device)
+    settings = numerics(args, precision)
+    reference = RecordingReference(params, optimizer, args.reduction, **{k: settings[k] for k in REFERENCE_SETTINGS})
     host_params = {n: to_host(p) for n, p in params.items()}
-    documented = DocumentedOptimizer(optimizer, host_params, numerics["clip_norm"])
+    documented = DocumentedOptimizer(optimizer, host_params, settings["clip_norm"])
     return engine, Trainer(model, engine, precision), reference, documented
 
 
@@ -320,17 +300,7 @@ def flatten(group, tensors, dtype=np.float32) -> np.ndarray:
 
 def compare_bits(step: int, rank: int, engine, reference) -> Mismatch | None:
     """Return the first element whose raw bytes differ from the reference, or None."""
-    for what, group, start, mine, expected in compared_pairs(engine, reference):
-        mine = to_host(mine)
-        expected = expected.astype(mine.dtype)
-        differ = np.flatnonzero(
-            (bits(mine).reshape(mine.size, -1) != bits(expected).reshape(mine.size, -1)).any(axis=1)
-        )
-        if differ.size:
-            i = int(differ[0])
-            tensor, index = group.layout.locate(start + i)
-            return Mismatch(step, rank, what, tensor, index, float(mine[i]), float(expected[i]))
-    return None
+    return first_difference(step, rank, compared_pairs(engine, reference))
 
 
 def relative_difference(engine, reference) -> float:

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from mpirun import ROOT
 
+from mpizero.core.precision import PRECISIONS, device_problem
+
 SCRIPT = ROOT / "launch" / "gpu_check.sh"
 
 
@@ -54,8 +56,10 @@ def test_a_failed_train_run_is_named_and_left_out_of_the_comparison(tmp_path):
     assert "!! train-0-2-3-pinned failed (exit" in out
     assert "train bytes: train-0-1-0-pinned compared; not compared (failed or skipped): train-0-2-3-pinned" in out
     assert "differ" not in out
-    assert out.rstrip().endswith("gpu_check: FAILED: train-0-2-3-pinned")
+    assert out.rstrip().splitlines()[-1].startswith("gpu_check: FAILED: train-0-2-3-pinned")
     assert "same bytes" in out  # the round trip (torch on the stand-in's device path) still ran, and passed
+    assert out.count("mlp  optimizer adam  fp32  standin against cpu: bitwise (") == 4  # the device against the host
+    assert "-- bridge-2: every digest the device printed is the CPU's" in out  # mpizero.torch, the same
     assert (tmp_path / "out" / "gpu_check-quick.log").read_text() == out
 
 
@@ -63,7 +67,9 @@ def test_commands_past_the_deadline_are_named_skipped(tmp_path):
     done = gpu_check(tmp_path, GPU_CHECK_DEADLINE="0")
     last = done.stdout.rstrip().splitlines()[-1]
     assert done.returncode == 2, done.stdout
-    assert last.startswith("gpu_check: INCOMPLETE: nothing failed; skipped: versions verify-0-2-mlp-fp32")
+    assert last.startswith(
+        "gpu_check: INCOMPLETE: nothing failed; skipped: versions against-2-mlp bridge-2-device verify-0-2-mlp-fp32"
+    )
     assert "verify-0-1-transformer-fp16" in last and "train-0-2-3-pageable" in last and last.endswith("bench_gpu")
 
 
@@ -78,9 +84,14 @@ def test_the_device_paths_pass_bitwise_on_the_standin(tmp_path):
     """The full matrix through the device code paths, on the CPU stand-in for CuPy (``mpizero.standin``)."""
     done = gpu_check(tmp_path, "bitwise", GPU_CHECK_DEVICE="standin", GPU_CHECK_DEADLINE="600")
     out = done.stdout
-    assert done.returncode == 0 and out.rstrip().endswith("gpu_check: PASSED"), out[-3000:]
+    verdict = out.rstrip().splitlines()[-1]
+    refused = device_problem("standin", PRECISIONS["bf16"].param_dtype)
+    against = ["against-4-mlp", "against-3-mlp", "against-1-mlp", "against-2-transformer"]
+    assert done.returncode == 0 and verdict.startswith("gpu_check: PASSED"), out[-3000:]
+    assert verdict.endswith(f"refused by the device (the reasons above): {' '.join(against)}" if refused else "PASSED")
     assert "pinned buffers" in out  # the stand-in's buffers took the staged device path, not the host's
     assert out.count(": bitwise;") == 4 * 16  # stages 0-3: -n 1-4, both models, fp32 and fp16 (no warm-up off a GPU)
+    assert out.count("standin against cpu: bitwise (") == 4 * 4 * (2 if refused else 3)  # stages, runs, precisions
     assert "train-0-2-3-pageable resumed-0 compared" in out and "-- one sha256 for 6 runs" in out
 
 

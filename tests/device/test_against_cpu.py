@@ -1,0 +1,41 @@
+"""``verify --device standin --against cpu``: the engine on the stand-in's device against the engine on the host,
+bit for bit, and a deliberately wrong device kernel that the reference on the device cannot see but this can."""
+
+import pytest
+from mpirun import run_mpi, run_python
+
+from mpizero.cli.against import REFUSED
+from mpizero.core.precision import PRECISIONS, device_problem
+
+
+def test_the_device_gives_the_hosts_bytes_at_every_stage_and_precision():
+    done = run_mpi(
+        2,
+        ["-m", "mpizero", "verify", "--device", "standin", "--against", "cpu", "--precision", "all", "--steps", "3"],
+        timeout=120,
+    )
+    out = done.stdout
+    refused = device_problem("standin", PRECISIONS["bf16"].param_dtype)
+    compared = ["fp32", "fp16"] + ([] if refused else ["bf16"])
+    assert done.returncode == (REFUSED if refused else 0), out + done.stderr
+    for precision in compared:
+        assert out.count(f"{precision}  standin against cpu: bitwise (params, masters and optimizer states") == 4, out
+    assert out.count("the full params of every gather") == len(compared)  # stage 3
+    if refused:
+        assert f"bf16  standin against cpu: REFUSED by the device, nothing compared ({refused})" in out
+
+
+@pytest.mark.parametrize("mutant", ["update", "decode"])
+def test_a_wrong_device_kernel_passes_against_the_device_reference_and_fails_against_the_host(mutant):
+    done = run_mpi(1, ["-m", "mpi4py", "tests/device/check_against_cpu.py", mutant], timeout=60)
+    out = done.stdout
+    assert "exit on the device: 0" in out and ": bitwise;" in out, out + done.stderr  # the reference shares the kernel
+    assert "exit against cpu: 1" in out and "standin against cpu: MISMATCH at step 1" in out, out + done.stderr
+    assert ("params l0.w[0, 0] device" if mutant == "update" else "(redo, skipped, norm) device") in out
+
+
+def test_against_cpu_refuses_a_host_run_and_native_sums():
+    done = run_python(["-m", "mpizero", "verify", "--against", "cpu", "--reduction", "native"], timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--against cpu compares a device with the host: give --device gpu or standin" in done.stderr
+    assert "--against cpu needs --reduction exact: native sums differ between paths" in done.stderr
