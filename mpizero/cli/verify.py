@@ -15,6 +15,7 @@ from mpizero.arrays import bits, device_module, to_device, to_host
 from mpizero.cli import options
 from mpizero.comm.paths import CommPaths
 from mpizero.core.engine import ZeroEngine
+from mpizero.core.held import on_host
 from mpizero.core.memory import format_bytes
 from mpizero.core.optim import OPTIMIZERS
 from mpizero.core.optim.oracle import DocumentedOptimizer
@@ -69,10 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(args, world_size: int) -> None:
     """Raise a ZeroError for settings no verification could use (ranges are checked while parsing)."""
-    problems = options.device_problems(args)
     if args.perturb_rank is not None and not 0 <= args.perturb_rank < world_size:
-        problems.append(f"--perturb-rank {args.perturb_rank} is not a rank of the {world_size} ranks")
-    options.raise_problems(problems)
+        options.raise_problems([f"--perturb-rank {args.perturb_rank} is not a rank of the {world_size} ranks"])
 
 
 OUTPUTS: dict[str, str] = {}
@@ -321,7 +320,7 @@ def flatten(group, tensors, dtype=np.float32) -> np.ndarray:
 def compare_bits(step: int, rank: int, engine, reference) -> Mismatch | None:
     """Return the first element whose raw bytes differ from the reference, or None."""
     for what, group, start, mine, expected in compared_pairs(engine, reference):
-        mine = to_host(mine)
+        mine = on_host(mine)
         expected = expected.astype(mine.dtype)
         differ = np.flatnonzero(
             (bits(mine).reshape(mine.size, -1) != bits(expected).reshape(mine.size, -1)).any(axis=1)
@@ -337,5 +336,5 @@ def relative_difference(engine, reference) -> float:
     worst = 0.0
     for _, _, _, mine, expected in compared_pairs(engine, reference):
         scale = float(np.max(np.abs(expected))) or 1.0
-        worst = max(worst, float(np.max(np.abs(to_host(mine).astype(np.float32) - expected))) / scale)
+        worst = max(worst, float(np.max(np.abs(on_host(mine).astype(np.float32) - expected))) / scale)
     return worst

@@ -1,12 +1,15 @@
 """bfloat16 parameters on a device, held as 16-bit words (``mpizero.core.held``): our kernels round and widen as the
-host's ml_dtypes does, bit for bit."""
+host's ml_dtypes does, bit for bit, and the engine, the CLI and the torch bridge on the stand-in give the host's
+bytes."""
 
+import hashlib
 import warnings
 
 import numpy as np
 import pytest
+from mpirun import run_mpi_ok
 
-from mpizero import compiled, standin
+from mpizero import Adam, ZeroEngine, compiled, standin
 from mpizero.arrays import to_host
 from mpizero.core import held
 
@@ -81,3 +84,42 @@ def test_the_standin_holds_no_bfloat16():
         standin.zeros(4, held.BFLOAT16)
     with pytest.raises(TypeError, match="holds no bfloat16"):
         standin.ones(4, np.float32).astype(held.BFLOAT16)
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_zero_engine_on_the_standin_holds_words_with_the_hosts_bytes(stage):
+    rng = np.random.default_rng(stage)
+    params = {"w": rng.standard_normal((7, 5)).astype(np.float32), "b": rng.standard_normal(3).astype(np.float32)}
+    grads = [{n: rng.standard_normal(p.shape).astype(np.float32) for n, p in params.items()} for _ in range(3)]
+    results = {}
+    for xp in (np, standin):
+        on_xp = {n: xp.asarray(p) for n, p in params.items()}
+        engine = ZeroEngine(on_xp, Adam(lr=1e-2), stage=stage, param_dtype="bfloat16")
+        for step in grads:
+            engine.step({n: xp.asarray(g) for n, g in step.items()})
+        with engine.gathered() as full:
+            assert all(p.dtype == held.held_dtype(xp, "bfloat16") for p in full.values())
+            results[xp] = {
+                n: (held.on_host(p).tobytes(), held.on_host(held.to_float32(p)).tobytes()) for n, p in full.items()
+            }
+    assert results[standin] == results[np]
+
+
+TRAIN = "-m mpizero train --model mlp --precision bf16 --steps 2 --global-batch 16 --micro-batches 4 --log-every 2"
+
+
+def test_train_on_the_standin_saves_the_hosts_bytes(tmp_path):
+    """``train --precision bf16`` at -n 2: the stand-in's device path at stages 1 and 3, the host's at 1."""
+    digests = {}
+    for device, stage in [("cpu", 1), ("standin", 1), ("standin", 3)]:
+        path = tmp_path / f"{device}-{stage}.npy"
+        run_mpi_ok(
+            2, [*TRAIN.split(), "--device", device, "--stage", str(stage), "--save-params", str(path)], timeout=180
+        )
+        digests[device, stage] = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert len(set(digests.values())) == 1, digests
+
+
+def test_verify_on_the_standin_is_bitwise_at_every_stage():
+    out = run_mpi_ok(2, ["-m", "mpizero", "verify", "--device", "standin", "--precision", "bf16", "--steps", "3"])
+    assert out.count(": bitwise;") == 4 and "bf16" in out, out
