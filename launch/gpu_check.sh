@@ -16,7 +16,7 @@
 #                                       step(closure) at stages 3 and 0, then the rest
 # The last part to run runs until the deadline; the others stop at their mark (120 s, 300 s). A command runs under
 # its own timeout, cut to the time left; one that would start with under 5 s left is skipped, and named so.
-# The verdict: PASSED (exit 0; with what the device refused, named: bf16 while it is refused), FAILED naming each
+# The verdict: PASSED (exit 0), FAILED naming each
 # failed command (exit 1), or INCOMPLETE naming what was skipped (exit 2). A failed train run is named; the sha256
 # is compared only among runs that succeeded, named.
 # Logs: $OUT/gpu_check-<parts>.log as it runs ($OUT: the device tool's folder that comes back; /tmp elsewhere),
@@ -77,14 +77,13 @@ MPIEXEC=$("$PYTHON" -c "from mpizero.comm.job.launcher import mpiexec; print(mpi
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-passed=() failed=() skipped=() refused=()
+passed=() failed=() skipped=()
 step() { echo; echo "== +$((SECONDS))s $*"; }
 time_left() { left=$(((box_end < deadline ? box_end : deadline) - SECONDS)); }
 passed_above() {  # passed_above NAME: true if NAME ran and passed earlier in this check
   [[ " ${passed[*]} " == *" $1 "* ]]
 }
 run() {  # run SECONDS NAME COMMAND...: under a timeout cut to the time left; passed, failed or skipped, by name
-  # (refused, by name, where may_refuse=1 and it exits 3: verify --against's "the device refused a precision")
   local seconds=$1 name=$2 cut=0 rc
   shift 2
   time_left
@@ -93,7 +92,6 @@ run() {  # run SECONDS NAME COMMAND...: under a timeout cut to the time left; pa
   timeout -k 10 "$seconds" "$@"
   rc=$?
   if ((rc == 0)); then passed+=("$name"); return 0; fi
-  if ((rc == 3 && ${may_refuse:-0})); then passed+=("$name") refused+=("$name"); return 0; fi
   if ((cut && (rc == 124 || rc == 137))); then
     echo "!! $name cut after $seconds s: out of time"; skipped+=("$name (cut)")
   else
@@ -110,7 +108,7 @@ verify() {  # verify AWARE N MODEL PRECISION: every stage, bitwise against the s
 against() {  # against N MODEL: verify --against cpu, fp32 fp16 bf16 at every stage: the device's bytes, the host's
   local name="against-$1-$2"
   step "verify --against cpu -n $1 --model $2 --precision all (stages 0-3): the device against the host"
-  may_refuse=1 run 90 "$name" env MPIZERO_CUDA_AWARE=0 "$MPIEXEC" -n "$1" "$PYTHON" -m mpizero verify \
+  run 90 "$name" env MPIZERO_CUDA_AWARE=0 "$MPIEXEC" -n "$1" "$PYTHON" -m mpizero verify \
     --device "$cli_device" --against cpu --model "$2" --precision all --steps 3
 }
 bridge() {  # bridge N: mpizero.torch on the device and on the CPU (torch_against_cpu.py): the same digest lines
@@ -126,7 +124,6 @@ bridge() {  # bridge N: mpizero.torch on the device and on the CPU (torch_agains
     echo "!! $name: the digests above differ from the CPU's (or none was printed)"; failed+=("$name"); return
   fi
   echo "-- $name: every digest the device printed is the CPU's"
-  if grep -q '^refused' "$on_device"; then refused+=("$name"); fi
 }
 train_run() {  # train_run NAME AWARE STAGING N TRAIN-FLAGS...: mpizero train under run, the transformer's settings
   local name=$1 aware=$2 staging=$3 n=$4
@@ -291,10 +288,10 @@ fi
 echo
 echo "gpu_check: ${#passed[@]} commands passed in $SECONDS s"
 if ((${#failed[@]})); then
-  echo "gpu_check: FAILED: ${failed[*]}${skipped[*]:+; skipped: ${skipped[*]}}${refused[*]:+; refused by the device: ${refused[*]}}"
+  echo "gpu_check: FAILED: ${failed[*]}${skipped[*]:+; skipped: ${skipped[*]}}"
   exit 1
 elif ((${#skipped[@]})); then
-  echo "gpu_check: INCOMPLETE: nothing failed; skipped: ${skipped[*]}${refused[*]:+; refused by the device: ${refused[*]}}"
+  echo "gpu_check: INCOMPLETE: nothing failed; skipped: ${skipped[*]}"
   exit 2
 fi
-echo "gpu_check: PASSED${refused[*]:+; refused by the device (the reasons above): ${refused[*]}}"
+echo "gpu_check: PASSED"

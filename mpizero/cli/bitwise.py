@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpizero.arrays import bits, to_host
+from mpizero.arrays import bits
+from mpizero.core.held import on_host
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,8 @@ def first_difference(step: int, rank: int, pairs, sides: tuple[str, str] = Misma
     """The first element whose raw bytes differ, over ``(what, group, flat start, buffer, expected)`` pairs (the
     expected values cast to the buffer's dtype), or None."""
     for what, group, start, mine, expected in pairs:
-        mine = to_host(mine)
-        expected = to_host(expected).astype(mine.dtype)
+        mine = on_host(mine)  # a device's bfloat16 words as bfloat16
+        expected = on_host(expected).astype(mine.dtype)
         differ = np.flatnonzero(
             (bits(mine).reshape(mine.size, -1) != bits(expected).reshape(mine.size, -1)).any(axis=1)
         )

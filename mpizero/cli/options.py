@@ -14,7 +14,7 @@ import math
 from mpizero.arrays import DEVICES
 from mpizero.core.config import MAX_HEADROOM
 from mpizero.core.optim import OPTIMIZERS
-from mpizero.core.precision import PRECISIONS, device_problem
+from mpizero.core.precision import PRECISIONS
 from mpizero.core.reduce.reduction import REDUCTIONS
 from mpizero.core.reduce.scales import HEADROOM
 from mpizero.core.stages import STAGES
@@ -191,9 +191,3 @@ def raise_problems(problems: list[str]) -> None:
 def model_problems(args) -> list[str]:
     """What is wrong with the model sizes the flags name (e.g. heads that do not divide the width)."""
     return entry(args.model, Size.of(args)).problems()
-
-
-def device_problems(args) -> list[str]:
-    """What the chosen device cannot do with the chosen precision."""
-    problem = device_problem(args.device, PRECISIONS[args.precision].param_dtype)
-    return [f"--precision {args.precision}: {problem}"] if problem else []

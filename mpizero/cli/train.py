@@ -109,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(args, world_size: int) -> None:
     """Raise a ZeroError naming every flag no run could use; choose --micro-batches if it was not given."""
-    problems = options.model_problems(args) + options.device_problems(args)
+    problems = options.model_problems(args)
     if args.global_batch < world_size:
         problems.append(f"--global-batch {args.global_batch} is smaller than the {world_size} ranks")
     elif args.micro_batches is None:

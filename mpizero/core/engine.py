@@ -20,7 +20,7 @@ from mpizero.arrays import array_module
 from mpizero.comm import agree
 from mpizero.comm.collectives import Collectives
 from mpizero.comm.job import launch
-from mpizero.core import build, faults, precision, states
+from mpizero.core import build, faults, states
 from mpizero.core.config import ZeroConfig
 from mpizero.core.engine_hyper import HyperAgreement, bind_optimizer
 from mpizero.core.engine_params import ParamAccess
@@ -70,7 +70,6 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         self.bound, bind_problem = bind_optimizer(optimizer, params) if problem is None else (None, None)
         problem = problem or bind_problem
         source = params if sharded or problem is not None else from_arrays(params)  # what fill makes values from
-        problem = problem or precision.device_problem(source.device, self.config.param_dtype)
         offloaded, offload_problem = (
             states.rank_directory(self.config, source.device, self.comm.Get_rank(), self)
             if problem is None

@@ -3,7 +3,8 @@
 Glossary (these names and no others):
 
 - full params: the group's padded flat parameter buffer (padded numel), in the
-  param dtype (float32, bfloat16 or float16).
+  param dtype (float32, bfloat16 or float16), as its array module holds it: the
+  held dtype (``held``: bfloat16 as 16-bit words on a device).
 - param shard: this rank's block of the full params. At stages 0-2 it is a view
   into the full params; at stage 3 it is the only parameter buffer kept, and the
   full params exist only between ``gather`` and ``release``: gathered into a
@@ -34,6 +35,7 @@ import numpy as np
 from mpizero.arrays import to_host
 from mpizero.core import whole_matrices
 from mpizero.core.gradients import GroupGradients
+from mpizero.core.held import held_dtype, to_held
 from mpizero.core.layout import FlatLayout, TensorSpec
 from mpizero.core.optim.update import apply_step
 from mpizero.core.stages import Publish, ShardPlan
@@ -89,6 +91,7 @@ class FlatGroup:
         self.layout, self.plan = layout, plan
         self.partition, self.rank = plan.partition, plan.rank
         self.xp, self.param_dtype = xp, np.dtype(param_dtype)
+        self.held_dtype = held_dtype(xp, param_dtype)
         held_start, held_stop = plan.params_range
         held = xp.zeros(held_stop - held_start, dtype=np.float32)  # the padding stays zero
         for _, spec, lo, hi in layout.overlaps(held_start, held_stop):
@@ -97,11 +100,11 @@ class FlatGroup:
         self.pending_gather = self.node_params = None
         if plan.gathers_params:
             self.full_params = None
-            self.param_shard = held.astype(self.param_dtype, copy=False)
+            self.param_shard = to_held(held, self.held_dtype)
             self.state = ParamState.SHARDED
         else:
             shard_start, shard_stop = plan.shard_range
-            self.full_params = held.astype(self.param_dtype, copy=False)
+            self.full_params = to_held(held, self.held_dtype)
             self.param_shard = self.full_params[shard_start:shard_stop]
             self.state = ParamState.UNSHARDED
         self.shares_master = plan.master_is_param_shard(self.param_dtype.itemsize)
@@ -213,7 +216,7 @@ class FlatGroup:
     def gather(self, collectives, blocking: bool = True, out=None) -> None:
         """Start making the full params exist (all-gather at stage 3); finish at once if blocking.
 
-        ``out``: a caller's buffer (padded numel, param dtype) to gather into instead of a new one.
+        ``out``: a caller's buffer (padded numel, held dtype) to gather into instead of a new one.
         """
         if self.state is ParamState.SHARDED and self.node_params is not None:
             collectives.read_in_place(self.node_params, self.node_params.whole.nbytes)
@@ -223,7 +226,7 @@ class FlatGroup:
             self.state = ParamState.UNSHARDED
         if self.state is ParamState.SHARDED:
             numel = self.partition.padded_numel
-            self.full_params = self.xp.empty(numel, dtype=self.param_dtype) if out is None else self._checked(out)
+            self.full_params = self.xp.empty(numel, dtype=self.held_dtype) if out is None else self._checked(out)
             self.pending_gather = collectives.allgather(self.param_shard, self.full_params, blocking=False)
             self.state = ParamState.GATHERING
         if blocking:
@@ -231,8 +234,8 @@ class FlatGroup:
 
     def _checked(self, out):
         expected = (self.partition.padded_numel,)
-        if tuple(out.shape) != expected or out.dtype != self.param_dtype:
-            raise ValueError(f"out must be {self.param_dtype}{list(expected)}, got {out.dtype}{list(out.shape)}")
+        if tuple(out.shape) != expected or out.dtype != self.held_dtype:
+            raise ValueError(f"out must be {self.held_dtype}{list(expected)}, got {out.dtype}{list(out.shape)}")
         return out
 
     def _finish_gather(self) -> None:
@@ -272,10 +275,10 @@ class FlatGroup:
         """Copy the master shard into the parameters every rank will use next."""
         publish = self.plan.publish
         if publish is Publish.COPY_FULL:
-            self.full_params[...] = self.master_shard
+            to_held(self.master_shard, self.held_dtype, out=self.full_params)
             return
         if not self.shares_master:
-            self.param_shard[...] = self.master_shard
+            to_held(self.master_shard, self.held_dtype, out=self.param_shard)
         if publish is Publish.COPY_THEN_ALLGATHER:
             collectives.allgather_in_place(self.full_params)
 

@@ -35,14 +35,6 @@ PRECISIONS = {
 }
 
 
-def device_problem(device: str, param_dtype) -> str | None:
-    """What a device cannot hold (None when nothing): parameters in bfloat16 anywhere but the host, since CuPy's
-    bfloat16 covers too little of what the engine does (the stand-in, as strict, refuses it too)."""
-    if device != "cpu" and np.dtype(param_dtype) == PRECISIONS["bf16"].param_dtype:
-        return f"bfloat16 parameters are not available on the {device} device (CuPy's bfloat16 is partial); use float16"
-    return None
-
-
 @dataclass
 class LossScaler:
     """Dynamic loss scale: halve on overflow, double after ``growth_interval`` good steps."""

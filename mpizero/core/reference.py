@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from mpizero.arrays import array_module
+from mpizero.arrays import array_module, to_host
 from mpizero.core.optim import BoundOptimizer
 from mpizero.core.optim.update import apply_step
 from mpizero.core.reduce import exact, norm, scales
@@ -69,7 +69,14 @@ class Reference:
 
     def compute_params(self) -> dict[str, np.ndarray]:
         """The parameters every rank computes with: the master rounded to the param dtype, as float32."""
-        return {n: p.astype(self.param_dtype).astype(np.float32) for n, p in self.params.items()}
+        return {n: self._rounded(p) for n, p in self.params.items()}
+
+    def _rounded(self, master):
+        """``master`` rounded to the param dtype, as float32; bfloat16 on a device by way of the host, whose
+        ml_dtypes has it (CuPy has not), and not by the engine's word kernels (``held``)."""
+        if self.xp is np or self.param_dtype.name != "bfloat16":
+            return master.astype(self.param_dtype).astype(np.float32)
+        return self.xp.asarray(to_host(master).astype(self.param_dtype).astype(np.float32))
 
     def step(self, contributions: Sequence[Mapping]) -> bool:
         """Average all ranks' contributions and update every tensor; return False if the step was skipped."""

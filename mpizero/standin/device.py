@@ -2,7 +2,8 @@
 
 It refuses what CuPy refuses, with CuPy's errors: turning into a NumPy array implicitly (``numpy.asarray``,
 ``__array__``), a host array assigned into it (``a[...] = host``: CuPy's ``fill`` refuses a non-scalar ndarray), and
-host arrays mixed with device arrays in any operation. What CuPy allows but pays for on a GPU (``get``, ``set``,
+host arrays mixed with device arrays in any operation, and bfloat16, which CuPy's kernels do not cover (the engine
+holds it as 16-bit words on a device). What CuPy allows but pays for on a GPU (``get``, ``set``,
 ``float()``, ``int()``, ``bool()``, ``item()``, ``tolist()``, printing) works and is counted (``bus``). NumPy's
 functions and operators run on the host array underneath and give device arrays back (a reduction gives a 0-d
 device array, as CuPy's does), each counted as a launch on the current stream (``cuda``).
@@ -18,6 +19,7 @@ from mpizero.standin import bus, cuda
 IMPLICIT = (
     "Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a NumPy array explicitly."
 )
+NO_BFLOAT16 = "the stand-in holds no bfloat16, as CuPy holds none in full: hold bfloat16 as 16-bit words (uint16)"
 METHODS = (  # cupy.ndarray's methods that compute on the device: one launch each (see ``_forward``)
     "all any argmax argmin argsort clip copy cumsum dot flatten max mean min nonzero prod ravel repeat round sort "
     "std sum take var"
@@ -31,6 +33,8 @@ class ndarray(numpy.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's na
     __array_priority__ = 100
 
     def __init__(self, host: np.ndarray) -> None:
+        if host.dtype.name == "bfloat16":
+            raise TypeError(NO_BFLOAT16)
         self._host = host
 
     shape = property(lambda self: self._host.shape)

@@ -30,6 +30,7 @@ import functools
 import numpy as np
 import torch
 
+from mpizero.core.held import to_float32
 from mpizero.torch.sync import Operation
 from mpizero.torch.tensors import FullParams, as_array, as_tensor
 
@@ -109,10 +110,10 @@ class Binder:
                 self._convert(index, views)
 
     def _convert(self, index: int, views: dict) -> None:
-        """Write the param-dtype views into the group's float32 torch buffer."""
+        """Write the param-dtype views, widened, into the group's float32 torch buffer."""
         flat = as_array(self.buffers[index].tensor)
         for spec in self.engine.groups[index].layout.specs:
-            flat[spec.offset : spec.stop] = views[spec.name].reshape(-1)
+            to_float32(views[spec.name].reshape(-1), out=flat[spec.offset : spec.stop])
 
     def prefetch(self, index: int, gather: Operation = Operation.GATHER) -> None:
         """Start gathering group ``index`` if nobody holds it (stage 3); ``acquire`` completes it. ``gather``: as

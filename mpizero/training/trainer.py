@@ -27,6 +27,7 @@ from mpi4py import MPI
 
 from mpizero import heap
 from mpizero.comm import agree
+from mpizero.core.held import to_float32
 from mpizero.core.partition import split_evenly
 from mpizero.core.precision import LossScaler, Precision
 from mpizero.core.reference import contribution
@@ -190,9 +191,7 @@ class Trainer:
         names = self.names_of_unit[unit]
         params = {}
         for g in self.groups_of_unit[unit]:
-            params.update({k: v for k, v in self.engine.gather(g).items() if k in names})
-        if self.precision.param_dtype != np.float32:
-            params = {k: v.astype(np.float32) for k, v in params.items()}
+            params.update({k: to_float32(v) for k, v in self.engine.gather(g).items() if k in names})
         return params
 
     def _release(self, unit: int) -> None:

@@ -48,7 +48,6 @@ CASES = [
     (1, "train --stage 4", "--stage: invalid choice: 4"),
     (1, "train --model cnn", "--model: invalid choice: 'cnn'"),
     (1, "train --optimizer rmsprop", "--optimizer: invalid choice: 'rmsprop'"),
-    (1, "train --device gpu --precision bf16", "--precision bf16: bfloat16 parameters are not available on the gpu"),
     (1, "train --save-params {tmp}/missing/p.npy", "--save-params {tmp}/missing/p.npy: directory"),
     (1, "train --memory-json {tmp}/missing/m.json", "--memory-json {tmp}/missing/m.json: directory"),
     (1, "train --save-params {tmp}", "is a directory, not a file"),

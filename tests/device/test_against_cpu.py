@@ -4,9 +4,6 @@ bit for bit, and a deliberately wrong device kernel that the reference on the de
 import pytest
 from mpirun import run_mpi, run_python
 
-from mpizero.cli.against import REFUSED
-from mpizero.core.precision import PRECISIONS, device_problem
-
 
 def test_the_device_gives_the_hosts_bytes_at_every_stage_and_precision():
     done = run_mpi(
@@ -15,14 +12,10 @@ def test_the_device_gives_the_hosts_bytes_at_every_stage_and_precision():
         timeout=120,
     )
     out = done.stdout
-    refused = device_problem("standin", PRECISIONS["bf16"].param_dtype)
-    compared = ["fp32", "fp16"] + ([] if refused else ["bf16"])
-    assert done.returncode == (REFUSED if refused else 0), out + done.stderr
-    for precision in compared:
+    assert done.returncode == 0, out + done.stderr
+    for precision in ("fp32", "fp16", "bf16"):
         assert out.count(f"{precision}  standin against cpu: bitwise (params, masters and optimizer states") == 4, out
-    assert out.count("the full params of every gather") == len(compared)  # stage 3
-    if refused:
-        assert f"bf16  standin against cpu: REFUSED by the device, nothing compared ({refused})" in out
+    assert out.count("the full params of every gather") == 3  # stage 3, each precision
 
 
 @pytest.mark.parametrize("mutant", ["update", "decode"])

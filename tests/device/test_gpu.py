@@ -92,6 +92,21 @@ def test_train_on_the_gpu_is_byte_identical_across_ranks_and_stages(tmp_path):
     assert np.load(tmp_path / "1-0.npy").dtype == np.float32
 
 
+def test_bf16_on_the_gpu_verifies_and_trains_to_the_hosts_bytes(tmp_path):
+    """bfloat16 held as 16-bit words by our CUDA kernels: verify bitwise at every stage, and train's bytes the
+    host's (``tests/device/test_bf16.py`` holds the same on the stand-in)."""
+    settings = ["--precision", "bf16", "--model", "mlp"]
+    out = run_mpi_ok(2, ["-m", "mpizero", "verify", "--device", "gpu", *settings, "--steps", "3"], timeout=120)
+    assert out.count(": bitwise") == 4, out
+    files = []
+    for device in ("cpu", "gpu"):
+        path = tmp_path / f"{device}.npy"
+        train = ["train", "--device", device, *settings, "--stage", "3", "--steps", "2", "--global-batch", "8"]
+        run_mpi_ok(2, ["-m", "mpizero", *train, "--save-params", str(path)], timeout=120)
+        files.append(path.read_bytes())
+    assert files[0] == files[1]
+
+
 def test_unset_switch_warns_once_when_staging():
     if "1" in cuda_aware_settings():
         pytest.skip("this MPI is CUDA-aware: nothing to warn about")

@@ -17,8 +17,6 @@ from pathlib import Path
 import pytest
 from mpirun import ROOT
 
-from mpizero.core.precision import PRECISIONS, device_problem
-
 SCRIPT = ROOT / "launch" / "gpu_check.sh"
 
 
@@ -85,13 +83,10 @@ def test_the_device_paths_pass_bitwise_on_the_standin(tmp_path):
     done = gpu_check(tmp_path, "bitwise", GPU_CHECK_DEVICE="standin", GPU_CHECK_DEADLINE="600")
     out = done.stdout
     verdict = out.rstrip().splitlines()[-1]
-    refused = device_problem("standin", PRECISIONS["bf16"].param_dtype)
-    against = ["against-4-mlp", "against-3-mlp", "against-1-mlp", "against-2-transformer"]
-    assert done.returncode == 0 and verdict.startswith("gpu_check: PASSED"), out[-3000:]
-    assert verdict.endswith(f"refused by the device (the reasons above): {' '.join(against)}" if refused else "PASSED")
+    assert done.returncode == 0 and verdict == "gpu_check: PASSED", out[-3000:]
     assert "pinned buffers" in out  # the stand-in's buffers took the staged device path, not the host's
     assert out.count(": bitwise;") == 4 * 16  # stages 0-3: -n 1-4, both models, fp32 and fp16 (no warm-up off a GPU)
-    assert out.count("standin against cpu: bitwise (") == 4 * 4 * (2 if refused else 3)  # stages, runs, precisions
+    assert out.count("standin against cpu: bitwise (") == 4 * 4 * 3  # stages, runs, precisions
     assert "train-0-2-3-pageable resumed-0 compared" in out and "-- one sha256 for 6 runs" in out
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from mpizero import standin
 from mpizero.arrays import array_module, device_of, to_host, write
+from mpizero.core import held
 from mpizero.standin import bus
 
 
@@ -46,7 +47,7 @@ def test_device_names():
     assert device_of(standin.zeros(1)) == "standin" and device_of(np.zeros(1)) == "cpu"
 
 
-def standin_model(monkeypatch, stage: int, on_standin: bool = True):
+def standin_model(monkeypatch, stage: int, on_standin: bool = True, param_dtype: str = "float32"):
     """A 3-group torch model sharded with its CPU tensors standing for CUDA ones (``MPIZERO_STANDIN=1``), or on
     the host."""
     import torch
@@ -56,7 +57,7 @@ def standin_model(monkeypatch, stage: int, on_standin: bool = True):
     monkeypatch.setattr(tensors, "STANDIN", on_standin)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
-    return model, shard(model, torch.optim.AdamW(model.parameters(), lr=1e-3), stage=stage)
+    return model, shard(model, torch.optim.AdamW(model.parameters(), lr=1e-3), stage=stage, param_dtype=param_dtype)
 
 
 def backward_passes(model, count: int) -> None:
@@ -82,6 +83,24 @@ def test_the_first_steps_held_gradients_wait_in_host_memory(monkeypatch, stage):
     backward_passes(model, 3)
     zero.step()
     assert {name: a.tobytes() for name, a in zero.master_params().items()} == on_device  # the host's bytes
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_bf16_model_on_the_standin_trains_to_the_hosts_bytes(monkeypatch, stage):
+    """bfloat16 parameters through the bridge: 16-bit words in the engine on the device, widened into the float32
+    tensors the model computes with, as the host's bfloat16 are."""
+    results = {}
+    for on_standin in (True, False):
+        model, zero = standin_model(monkeypatch, stage, on_standin, param_dtype="bfloat16")
+        for _ in range(2):
+            backward_passes(model, 2)
+            zero.step()
+        with zero.gathered():
+            shown = [p.detach().numpy().tobytes() for p in model.parameters()]
+        results[on_standin] = shown, {name: a.tobytes() for name, a in zero.master_params().items()}
+    assert results[True] == results[False]
+    shown = np.frombuffer(results[True][0][0], np.float32)
+    assert np.array_equal(shown, shown.astype(held.BFLOAT16).astype(np.float32))  # bfloat16 values, widened
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
