@@ -69,23 +69,28 @@ ROUND_SOURCE = f"unsigned int bits = __float_as_uint(x); words = {word(C_OPS, 'b
 WIDEN_SOURCE = f"x = __uint_as_float({widened(C_OPS, 'words')});"  # uint16 words -> float32 x
 
 
+ROUND_PARAMS = ("float32 x", "uint16 words")  # the kernels' (in_params, out_params), as CuPy compiles them
+WIDEN_PARAMS = ("uint16 words", "float32 x")
+
+
 @functools.cache
 def kernels(xp) -> SimpleNamespace:
     """``round(x, words)`` and ``widen(words, x)``: compiled by CuPy (``unsigned short`` words), or the NumPy
     bodies of the same formulas, as the stand-in's launches or plain calls on the host."""
-    if xp is np or is_standin(xp):
-        launch = (lambda body: body) if xp is np else xp.kernel
 
-        def round_body(x, words):
-            words[...] = word(NUMPY_OPS, x.view(np.uint32))
+    def round_body(x, words):
+        words[...] = word(NUMPY_OPS, x.view(np.uint32))
 
-        def widen_body(words, x):
-            x.view(np.uint32)[...] = widened(NUMPY_OPS, words)
+    def widen_body(words, x):
+        x.view(np.uint32)[...] = widened(NUMPY_OPS, words)
 
-        return SimpleNamespace(round=launch(round_body), widen=launch(widen_body))
+    if xp is np:
+        return SimpleNamespace(round=round_body, widen=widen_body)
+    if is_standin(xp):
+        return SimpleNamespace(round=xp.kernel(round_body, *ROUND_PARAMS), widen=xp.kernel(widen_body, *WIDEN_PARAMS))
     return SimpleNamespace(
-        round=xp.ElementwiseKernel("float32 x", "uint16 words", ROUND_SOURCE, "mz_bf16_round"),
-        widen=xp.ElementwiseKernel("uint16 words", "float32 x", WIDEN_SOURCE, "mz_bf16_widen"),
+        round=xp.ElementwiseKernel(*ROUND_PARAMS, ROUND_SOURCE, "mz_bf16_round"),
+        widen=xp.ElementwiseKernel(*WIDEN_PARAMS, WIDEN_SOURCE, "mz_bf16_widen"),
     )
 
 

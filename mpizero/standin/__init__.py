@@ -4,18 +4,21 @@
 ``mpizero.arrays.device_module("standin")``): ``xp.zeros``, ``xp.asarray``, ``xp.stack`` and every other
 NumPy function make and take device arrays (``device.ndarray``), ``xp.cuda`` has streams and events. It refuses
 what CuPy refuses (``device``), counts every copy between device and host and every wait (``bus.COUNTS``), and
-evaluates the engine's CUDA kernels with NumPy, from the same formulas (``mpizero.core.reduce.arithmetic``). It is a
-test device: nothing runs faster, and the CUDA source itself is not compiled here.
+evaluates the engine's CUDA kernels with NumPy, from the same formulas (``mpizero.core.reduce.arithmetic``), after
+checking their arguments against the kernel's parameters as CuPy does (``arguments``). Running late (``late``), its
+work waits on its stream until something makes it due, so a missing wait gives wrong bytes. It is a test device:
+nothing runs faster, and the CUDA source itself is not compiled here.
 """
 
 from __future__ import annotations
 
+import functools
 import types
 
 import numpy as np
 
-from mpizero.standin import bus, cuda
-from mpizero.standin.device import compute, device_arrays, ndarray, on_device
+from mpizero.standin import arguments, bus, cuda, late
+from mpizero.standin.device import compute, device_arrays, device_operands, ndarray, on_device
 
 __all__ = [
     "array",
@@ -24,9 +27,12 @@ __all__ = [
     "bus",
     "concatenate",
     "cuda",
+    "empty",
+    "empty_like",
     "empty_pinned",
     "from_dlpack",
     "kernel",
+    "late",
     "ndarray",
     "stack",
 ]
@@ -46,7 +52,11 @@ def asarray(a, dtype=None, order=None) -> ndarray:
 def array(a, dtype=None, copy=True, order="K") -> ndarray:
     """``asarray``, copied on the device where ``a`` already is a device array."""
     if isinstance(a, ndarray):
-        return ndarray(np.array(a._host, dtype=dtype, copy=copy, order=order)) if copy else asarray(a, dtype)
+        if not copy:
+            return asarray(a, dtype)
+        cuda.due()
+        cuda.launched()
+        return ndarray(np.array(a._host, dtype=dtype, copy=True, order=order))
     return asarray(a, dtype, order)
 
 
@@ -59,12 +69,24 @@ def asnumpy(a, stream=None, order="C", out=None, blocking=True) -> np.ndarray:
 
 def from_dlpack(tensor) -> ndarray:
     """A device array over a DLPack tensor's memory (a CPU tensor stands for a CUDA one): no copy."""
-    return ndarray(np.from_dlpack(tensor))
+    host = np.from_dlpack(tensor)
+    late.share(host)
+    return ndarray(host)
+
+
+def empty(shape, dtype=np.float64, order="C") -> ndarray:
+    """``cupy.empty``: memory as it was left (running late, a garbage pattern: ``late.garbage``)."""
+    return ndarray(late.garbage(np.empty(shape, dtype, order)))
+
+
+def empty_like(a, dtype=None, order="K", shape=None) -> ndarray:
+    """``cupy.empty_like`` of a device array: memory as it was left."""
+    return ndarray(late.garbage(np.empty_like(device_arrays([a], "empty_like")[0]._host, dtype, order, shape=shape)))
 
 
 def empty_pinned(shape, dtype=np.float64) -> np.ndarray:
-    """``cupyx.empty_pinned``: a host array the device copies to and from asynchronously."""
-    return np.empty(shape, dtype)
+    """``cupyx.empty_pinned``: a host array the device copies to and from asynchronously (memory as it was left)."""
+    return late.pin(late.garbage(np.empty(shape, dtype)))
 
 
 def stack(arrays, axis=0, out=None) -> ndarray:
@@ -77,14 +99,17 @@ def concatenate(arrays, axis=0, out=None, **kwargs) -> ndarray:
     return compute(np.concatenate, (device_arrays(arrays, "concatenate"),), {"axis": axis, "out": out, **kwargs})
 
 
-def kernel(body):
-    """A device kernel (the stand-in's ``ElementwiseKernel``): ``body``, written with NumPy, run on the memory
-    underneath its device arguments as one launch; host arrays among them are refused, as CuPy's kernels refuse
-    them."""
+def kernel(body, in_params: str, out_params: str):
+    """A device kernel (the stand-in's ``ElementwiseKernel``, with its ``in_params`` and ``out_params``): ``body``,
+    written with NumPy, run on the memory underneath its device arguments (inputs, then outputs) as one launch on
+    the current stream. Arguments are checked as CuPy checks them (``arguments.check``); host arrays among them are
+    refused, as CuPy's kernels refuse them."""
+    params = arguments.parse(in_params), arguments.parse(out_params)
 
     def launch(*args) -> None:
-        cuda.launched()
-        body(*on_device(args))
+        arguments.check(body, *params, args)
+        hosts = on_device(args)
+        cuda.issue(functools.partial(body, *hosts), device_operands(args))
 
     return launch
 

@@ -3,8 +3,9 @@
 ``MPIZERO_STANDIN_DEVICES`` says how many devices it has (default 1), so the choice of one device per local rank
 runs on the CPU; ``Device(i).use()`` makes device ``i`` this thread's current one, as in CuPy.
 
-Work on the stand-in runs at once, so order cannot go wrong here; what can go wrong is the stream it is queued on.
-Every kernel launch and copy is counted on the stream current when it was issued, by stream pointer
+Work on the stand-in runs at once, unless it runs late (``late``): then each stream's work waits in its queue, and
+the orderings here (``synchronize``, events, ``wait_event``) are what make it run. Every kernel launch and copy is
+counted on the stream current when it was issued, by stream pointer
 (``LAUNCHES``), so a test can check that the engine queues its work where the caller's framework
 queues its own (an external stream, as torch's current stream is to CuPy), and waits (``synchronize``) are
 counted on the bus (``bus``).
@@ -18,7 +19,7 @@ import threading
 import types
 from collections import Counter
 
-from mpizero.standin import bus
+from mpizero.standin import bus, late
 
 DEVICES_ENV_VAR = "MPIZERO_STANDIN_DEVICES"
 _pointers = itertools.count(0x1000)
@@ -53,11 +54,14 @@ class Stream:
         return event
 
     def wait_event(self, event: Event) -> None:
-        """Order this stream's later work after ``event`` (no host wait; work on the stand-in is done at once)."""
+        """Order this stream's later work after ``event`` (no host wait)."""
+        if event.stream is not None:
+            late.wait(self.ptr, event.stream.ptr, event.position)
 
     def synchronize(self) -> None:
         """The host waits until this stream's queue is done."""
         bus.waited()
+        late.run_all(self.ptr)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Stream) and other.ptr == self.ptr
@@ -72,19 +76,29 @@ class ExternalStream(Stream):
     def __init__(self, ptr: int, device_id: int = -1) -> None:
         super().__init__(ptr=ptr)
 
+    def __exit__(self, *exc) -> None:
+        """Back to the library that owns the stream (torch, whose CPU work runs at once): what touches memory it
+        shares runs now."""
+        super().__exit__(*exc)
+        late.run_shared(self.ptr)
+
 
 class Event:
     """A point in a stream's queue."""
 
     def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False) -> None:
         self.stream: Stream | None = None
+        self.position = 0  # how much of the stream's queue comes before this event
 
     def record(self, stream: Stream | None = None) -> None:
         self.stream = get_current_stream() if stream is None else stream
+        self.position = late.position(self.stream.ptr)
 
     def synchronize(self) -> None:
         """The host waits until the stream has reached this event."""
         bus.waited()
+        if self.stream is not None:
+            late.run_until(self.stream.ptr, self.position)
 
 
 NULL = Stream(null=True)
@@ -95,9 +109,24 @@ def get_current_stream(device_id: int = -1) -> Stream:
     return getattr(_current, "stream", NULL)
 
 
-def launched(stream: Stream | None = None) -> None:
-    """Count one kernel or copy on ``stream`` (default: the current one)."""
-    LAUNCHES[(get_current_stream() if stream is None else stream).ptr] += 1
+def launched(stream: Stream | None = None) -> int:
+    """Count one kernel or copy on ``stream`` (default: the current one); return the stream's pointer."""
+    ptr = (get_current_stream() if stream is None else stream).ptr
+    LAUNCHES[ptr] += 1
+    return ptr
+
+
+def issue(run, touches: tuple = (), stream: Stream | None = None) -> None:
+    """Launch ``run``, writing into existing memory (``touches``: the host arrays it reads and writes), on
+    ``stream`` (default: the current one): counted, and run now or, running late, when due."""
+    late.issue(launched(stream), run, touches)
+
+
+def due(stream: Stream | None = None) -> Stream:
+    """Run what is queued on ``stream`` (default: the current one), since later work on it runs now."""
+    stream = get_current_stream() if stream is None else stream
+    late.run_all(stream.ptr)
+    return stream
 
 
 class Device:

@@ -6,15 +6,19 @@ host arrays mixed with device arrays in any operation, and bfloat16, which CuPy'
 holds it as 16-bit words on a device). What CuPy allows but pays for on a GPU (``get``, ``set``,
 ``float()``, ``int()``, ``bool()``, ``item()``, ``tolist()``, printing) works and is counted (``bus``). NumPy's
 functions and operators run on the host array underneath and give device arrays back (a reduction gives a 0-d
-device array, as CuPy's does), each counted as a launch on the current stream (``cuda``).
+device array, as CuPy's does), each counted as a launch on the current stream (``cuda``). Work writing into
+memory that exists is issued on its stream (``cuda.issue``), and runs late where the stand-in does (``late``);
+work that makes a new array runs now, after the work queued before it on its stream (``cuda.due``).
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import numpy.lib.mixins
 
-from mpizero.standin import bus, cuda
+from mpizero.standin import bus, cuda, late
 
 IMPLICIT = (
     "Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a NumPy array explicitly."
@@ -72,14 +76,18 @@ class ndarray(numpy.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's na
             raise TypeError(f"Unsupported type {type(value)}")
         if isinstance(value, ndarray):
             bus.COUNTS["device copy"] += 1
-        cuda.launched()
-        self._host[device_index(index)] = value._host if isinstance(value, ndarray) else value
+        target, index = self._host, device_index(index)
+        source = value._host if isinstance(value, ndarray) else value
+
+        def assign():
+            target[index] = source
+
+        cuda.issue(assign, (target, *device_operands((source, index))))
 
     def fill(self, value) -> None:
         if isinstance(value, np.ndarray) and value.shape != ():
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
-        cuda.launched()
-        self._host.fill(value)
+        cuda.issue(functools.partial(self._host.fill, value), (self._host,))
 
     # Device computation --------------------------------------------------------
 
@@ -88,17 +96,25 @@ class ndarray(numpy.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's na
             if isinstance(operand, (list, tuple)):
                 raise TypeError(f"Unsupported type {type(operand)}")
         out = kwargs.get("out")
-        result = getattr(ufunc, method)(*on_device(inputs), **on_device(kwargs))
-        cuda.launched()
-        if out is not None:
-            return out[0] if len(out) == 1 else out
-        return wrap(result)
+        call = functools.partial(getattr(ufunc, method), *on_device(inputs), **on_device(kwargs))
+        if out is None and method != "at":  # a new array
+            cuda.due()
+            result = call()
+            cuda.launched()
+            return wrap(result)
+        cuda.issue(call, device_operands((inputs, out)))
+        return out[0] if out is not None and len(out) == 1 else out
 
     def __array_function__(self, func, types, args, kwargs):
         return compute(func, args, kwargs)
 
     def __getitem__(self, index):
-        return wrap(self._host[device_index(index)])
+        index = device_index(index)
+        found = self._host[index]
+        if isinstance(found, np.ndarray) and np.may_share_memory(found, self._host):
+            return ndarray(found)  # a view: nothing read yet
+        cuda.due()
+        return wrap(self._host[index])
 
     def __len__(self) -> int:
         return len(self._host)
@@ -107,23 +123,25 @@ class ndarray(numpy.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's na
         return (self[i] for i in range(len(self)))
 
     def astype(self, dtype, order="K", casting=None, subok=None, copy=True):
-        converted = self._host.astype(dtype, order=order, copy=copy)
-        if converted is self._host:
+        if not copy and np.dtype(dtype) == self.dtype:
             return self
+        cuda.due()
+        converted = self._host.astype(dtype, order=order, copy=copy)
         cuda.launched()
         return ndarray(converted)
 
     # What crosses the bus ------------------------------------------------------
 
     def get(self, stream=None, order="C", out=None, blocking=True) -> np.ndarray:
-        """Copy to the host (a new array, or ``out``); ``blocking=False`` returns before the copy is done."""
+        """Copy to the host (a new array, or ``out``) on ``stream``; ``blocking=False`` returns before the copy is
+        done, unless ``out`` is pageable memory (CUDA's copy into pageable memory returns once it is done)."""
         if out is not None:
             self._check_host(out, "obtained from")
         bus.copied("d2h", self.nbytes, blocking)
-        cuda.launched(stream)
-        if out is None:
-            return np.array(self._host, order=order)
-        out[...] = self._host
+        out = late.garbage(np.empty_like(self._host, order=order)) if out is None else out
+        cuda.issue(functools.partial(np.copyto, out, self._host), (self._host,), stream)
+        if blocking or not late.pinned(out):
+            cuda.due(stream)
         return out
 
     def set(self, arr: np.ndarray, stream=None) -> None:
@@ -132,8 +150,8 @@ class ndarray(numpy.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's na
         if not self._host.flags.c_contiguous:
             raise RuntimeError("Cannot set to non-contiguous array")
         bus.copied("h2d", arr.nbytes, False)
-        cuda.launched(stream)
-        self._host[...] = arr
+        source = arr if late.pinned(arr) else arr.copy()  # CUDA copies pageable memory before it returns
+        cuda.issue(functools.partial(np.copyto, self._host, source), (self._host,), stream)
 
     def _check_host(self, host, verb: str) -> None:
         """CuPy's checks of a host array copied from or into this one (``verb``: "obtained from", "set to")."""
@@ -146,6 +164,7 @@ class ndarray(numpy.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's na
 
     def _to_host(self) -> np.ndarray:
         bus.copied("d2h", self.nbytes, True)
+        cuda.due()
         return self._host
 
     def item(self):
@@ -186,6 +205,7 @@ class ndarray(numpy.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's na
     # DLPack: a CPU capsule, so torch.from_dlpack gives a CPU tensor over the same memory ---------------------
 
     def __dlpack__(self, **kwargs):
+        late.share(self._host)  # nothing made due: MPI takes device memory this way too (mpi4py), outside any stream
         return self._host.__dlpack__(**{k: v for k, v in kwargs.items() if k != "stream"})
 
     def __dlpack_device__(self):
@@ -195,6 +215,7 @@ class ndarray(numpy.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's na
 def _forward(name: str, launches: bool):
     def method(self, *args, **kwargs):
         if launches:
+            cuda.due()
             cuda.launched()
         return wrap(getattr(self._host, name)(*on_device(args), **on_device(kwargs)))
 
@@ -207,24 +228,39 @@ for _name in METHODS + VIEWS:
 
 
 def compute(func, args, kwargs):
-    """``func`` of NumPy run on the arrays underneath device arguments; the results as device arrays."""
+    """``func`` of NumPy run on the arrays underneath device arguments, after the work queued before it; the results
+    as device arrays."""
+    cuda.due()
     result = func(*on_device(args), **on_device(kwargs))
     cuda.launched()
     return wrap(result)
 
 
 def on_device(value):
-    """The host arrays underneath device arrays, at any depth of tuples, lists and dicts; host arrays refused, as
-    CuPy refuses them beside device arrays (NumPy scalars and 0-d arrays pass, as CuPy passes them by value)."""
+    """The host arrays underneath device arrays, at any depth of tuples, lists and dicts; host arrays refused, 0-d
+    ones too, as CuPy refuses them beside device arrays (NumPy scalars pass, as CuPy passes them by value)."""
     if isinstance(value, ndarray):
         return value._host
-    if isinstance(value, np.ndarray) and value.shape != ():
+    if isinstance(value, np.ndarray):
         raise TypeError(f"Unsupported type {type(value)}")
     if isinstance(value, (tuple, list)):
         return type(value)(on_device(v) for v in value)
     if isinstance(value, dict):
         return {k: on_device(v) for k, v in value.items()}
     return value
+
+
+def device_operands(value) -> list[np.ndarray]:
+    """The host arrays underneath every device array in ``value`` (tuples, lists and dicts at any depth)."""
+    if isinstance(value, ndarray):
+        return [value._host]
+    if isinstance(value, np.ndarray):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [a for v in value for a in device_operands(v)]
+    if isinstance(value, dict):
+        return device_operands(list(value.values()))
+    return []
 
 
 def device_arrays(arrays, function: str) -> list:

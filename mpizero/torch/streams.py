@@ -7,6 +7,11 @@ Every way from torch into the engine, each hook and each method of ``ShardedMode
 runs inside ``TorchStream``: CuPy's current stream there is an external stream over torch's current one, so the
 engine's work lands in the same queue as the kernels that made its inputs and will read its outputs, as
 FSDP's work runs on torch's streams. On the host nothing is queued and nothing changes.
+
+The engine's own state (gradient shards, sums, masters) is written on whichever stream it was entered on, so when
+torch's current stream differs from the last entry's (a user's ``torch.cuda.stream(s)`` around forward and
+backward, then ``step()`` outside it), the new stream first waits for an event recorded on the last one: the
+engine's work stays in the order it was issued, as FSDP's streams wait on each other's events.
 """
 
 from __future__ import annotations
@@ -30,11 +35,21 @@ class TorchStream:
 
     def __init__(self, xp, device: torch.device) -> None:
         self.xp, self.device = xp, device
+        self.last = None  # the stream the engine was last entered on
 
     def __call__(self):
         if self.xp is np:
             return contextlib.nullcontext()
-        return self.xp.cuda.ExternalStream(torch_stream_pointer(self.device))
+        stream = self.xp.cuda.ExternalStream(torch_stream_pointer(self.device))
+        self.follow(stream)
+        return stream
+
+    def follow(self, stream) -> None:
+        """Order ``stream``'s later work after the engine's work queued so far on the stream it was last entered on,
+        if that was another."""
+        if self.last is not None and self.last.ptr != stream.ptr:
+            stream.wait_event(self.last.record())
+        self.last = stream
 
     def around(self, hook):
         """``hook`` run on torch's current stream (for hooks torch calls: forward, backward, state dict)."""

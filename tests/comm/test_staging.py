@@ -61,7 +61,7 @@ def test_chunked_staging_delivers_the_same_bytes(op, block, world, chunk_bytes, 
     copied = staged_in_chunks(
         emulated(name, rank, world), device_send, device_recv, rank, world, PlainCopies(), chunk_bytes
     )
-    assert device_recv.underneath.tobytes() == want.tobytes()
+    assert device_recv.get().tobytes() == want.tobytes()
     assert copied == (max(ins, 1) + outs) * block * 8
 
 

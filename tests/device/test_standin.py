@@ -213,3 +213,27 @@ def test_a_meta_device_model_on_the_standin_trains_to_the_hosts_bytes(monkeypatc
         assert array_module(zero.engine.groups[0].grad_shard) is (standin if on_standin else np)
         masters[on_standin] = {name: a.tobytes() for name, a in zero.master_params().items()}
     assert masters[True] == masters[False]
+
+
+def test_forward_and_backward_on_a_users_stream_then_step_on_another_give_the_hosts_bytes(monkeypatch):
+    """``with torch.cuda.stream(s):`` around forward and backward, ``step()`` outside it, at stage 3: the engine's
+    work on ``s`` (gathers, gradient reductions) and on the default stream (updates of the param shards) is ordered
+    by events (``TorchStream.follow``); without them the stand-in, running late, gives other bytes."""
+    from mpizero.torch import streams
+
+    current = [streams.STANDIN_TORCH_STREAM]  # what stands for torch's current stream
+    monkeypatch.setattr(streams, "torch_stream_pointer", lambda device: current[0])
+
+    def trained(on_standin: bool) -> dict:
+        model, zero = standin_model(monkeypatch, 3, on_standin)
+        for _ in range(2):
+            current[0] = 0xB0B  # the user's stream
+            backward_passes(model, 2)
+            current[0] = streams.STANDIN_TORCH_STREAM
+            zero.step()
+        return {name: a.tobytes() for name, a in zero.master_params().items()}
+
+    on_host = trained(on_standin=False)
+    assert trained(on_standin=True) == on_host
+    monkeypatch.setattr(streams.TorchStream, "follow", lambda self, stream: None)
+    assert trained(on_standin=True) != on_host

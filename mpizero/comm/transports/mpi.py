@@ -47,5 +47,11 @@ class CudaAwareMPI(HostMPI):
         super().__init__(comm, float("inf"))  # device buffers never go in host pieces
 
     def run(self, op: str, send, recv, blocking: bool) -> Pending:
-        array_module(recv).cuda.get_current_stream().synchronize()
+        self.written(recv)
         return super().run(op, send, recv, blocking)
+
+    @staticmethod
+    def written(recv) -> None:
+        """Wait until the current stream has run the work queued on it: MPI reads and writes device memory outside
+        any stream, so the kernels writing ``send`` (or still touching ``recv``) must be done first."""
+        array_module(recv).cuda.get_current_stream().synchronize()

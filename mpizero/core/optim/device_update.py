@@ -65,10 +65,11 @@ def device_update(xp, rule, hyper, arrays: dict, constants: dict, numpy_ops) -> 
     states = [name for name in arrays if name not in ("param", "grad")]
     numbers = [np.float32(value) for value in constants.values() if not isinstance(value, bool)]
     args = [arrays["grad"], *numbers, arrays["param"], *(arrays[name] for name in states)]
+    inputs, outputs, body = kernel_source(rule, hyper, constants, states)
     if is_standin(xp):  # the formula as NumPy evaluates it, on the memory underneath
-        xp.kernel(functools.partial(_numpy_body, numpy_ops, rule, hyper, constants, states))(*args)
+        xp.kernel(functools.partial(_numpy_body, numpy_ops, rule, hyper, constants, states), inputs, outputs)(*args)
         return
-    _compiled(xp, *kernel_source(rule, hyper, constants, states))(*args)
+    _compiled(xp, inputs, outputs, body)(*args)
 
 
 def _numpy_body(ops, rule, hyper, constants: dict, states: list[str], grad, *rest) -> None:

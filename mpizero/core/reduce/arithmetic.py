@@ -112,6 +112,14 @@ def masked_pair(total: str, ops, assign: bool) -> str:
     return f"{total} = {encode(ops, first, 'inside_y ? y : 0.0f', 'k')}"
 
 
+ENCODE_IN = "float32 x, int32 k, uint32 lo, uint32 hi"  # the device kernels' parameters, CuPy's and the stand-in's
+PAIR_IN = "float32 x, float32 y, int32 k, uint32 lo, uint32 hi"
+TOTAL = "int64 total"
+WIRE_OUT = "float32 out"
+WIDEN_IN = "float32 wire"
+DECODE_IN = "int64 total, float64 divisor"
+
+
 def numpy_kernels(kernel) -> SimpleNamespace:
     """The same kernels as NumPy bodies, each made a device launch by ``kernel`` (the stand-in's, which runs them
     on the memory underneath its device arrays: ``mpizero.standin``)."""
@@ -122,7 +130,7 @@ def numpy_kernels(kernel) -> SimpleNamespace:
             kept_in = np.where((bits >= lo) & (bits < hi), x, np.float32(0))  # the C kernel's ``inside ? x : 0``
             total[...] = encode(numpy_ops(int(k)), np.int64(0) if assign else total, kept_in, int(k))
 
-        return kernel(body)
+        return kernel(body, ENCODE_IN, TOTAL)
 
     def masked_rounded(x, k, lo, hi, out):
         bits = x.view(np.uint32) & np.uint32(0x7FFFFFFF)
@@ -138,7 +146,7 @@ def numpy_kernels(kernel) -> SimpleNamespace:
                 kept_in = np.where((bits >= lo) & (bits < hi), operand, np.float32(0))
                 total[...] = encode(numpy_ops(int(k)), np.int64(0) if first else total, kept_in, int(k))
 
-        return kernel(body)
+        return kernel(body, PAIR_IN, TOTAL)
 
     def decode_into(total, divisor, out):
         out[...] = decode(NUMPY_OPS, total, divisor)
@@ -148,9 +156,9 @@ def numpy_kernels(kernel) -> SimpleNamespace:
         assign=masked_encode(True),
         add_pair=masked_encode_pair(False),
         assign_pair=masked_encode_pair(True),
-        wire=kernel(masked_rounded),
-        widen=kernel(widen_into),
-        decode=kernel(decode_into),
+        wire=kernel(masked_rounded, ENCODE_IN, WIRE_OUT),
+        widen=kernel(widen_into, WIDEN_IN, TOTAL),
+        decode=kernel(decode_into, DECODE_IN, WIRE_OUT),
     )
 
 
@@ -162,21 +170,17 @@ def kernels(cupy) -> SimpleNamespace:
     if is_standin(cupy):
         return numpy_kernels(cupy.kernel)
     make = cupy.ElementwiseKernel
-    inputs = "float32 x, int32 k, uint32 lo, uint32 hi"
-    pair_inputs = "float32 x, float32 y, int32 k, uint32 lo, uint32 hi"
     bits = "unsigned int b = __float_as_uint(x) & 0x7fffffffu; bool inside = b >= lo && b < hi;"
     bits_y = "unsigned int c = __float_as_uint(y) & 0x7fffffffu; bool inside_y = c >= lo && c < hi;"
     pair = f"{bits} {bits_y}"
     return SimpleNamespace(
-        add=make(inputs, "int64 total", f"{bits} {masked('total', C_OPS, False)};", "mz_add"),
-        assign=make(inputs, "int64 total", f"{bits} {masked('total', C_OPS, True)};", "mz_assign"),
-        add_pair=make(pair_inputs, "int64 total", f"{pair} {masked_pair('total', C_OPS, False)};", "mz_add_pair"),
-        assign_pair=make(pair_inputs, "int64 total", f"{pair} {masked_pair('total', C_OPS, True)};", "mz_assign_pair"),
-        wire=make(inputs, "float32 out", f"{bits} {masked_wire('out', C_OPS)};", "mz_wire"),
-        widen=make("float32 wire", "int64 total", f"total = {widen(C_OPS, 'total', 'wire')}", "mz_widen"),
-        decode=make(
-            "int64 total, float64 divisor", "float32 out", f"out = {decode(C_OPS, 'total', 'divisor')}", "mz_decode"
-        ),
+        add=make(ENCODE_IN, TOTAL, f"{bits} {masked('total', C_OPS, False)};", "mz_add"),
+        assign=make(ENCODE_IN, TOTAL, f"{bits} {masked('total', C_OPS, True)};", "mz_assign"),
+        add_pair=make(PAIR_IN, TOTAL, f"{pair} {masked_pair('total', C_OPS, False)};", "mz_add_pair"),
+        assign_pair=make(PAIR_IN, TOTAL, f"{pair} {masked_pair('total', C_OPS, True)};", "mz_assign_pair"),
+        wire=make(ENCODE_IN, WIRE_OUT, f"{bits} {masked_wire('out', C_OPS)};", "mz_wire"),
+        widen=make(WIDEN_IN, TOTAL, f"total = {widen(C_OPS, 'total', 'wire')}", "mz_widen"),
+        decode=make(DECODE_IN, WIRE_OUT, f"out = {decode(C_OPS, 'total', 'divisor')}", "mz_decode"),
     )
 
 
