@@ -171,11 +171,14 @@ class Collectives:
 
     def node_params(self, numels: list[int], dtype) -> list[NodeBlocks] | None:
         """For each of ``numels``, node-shared blocks of that many elements per rank whose ``whole`` is every
-        rank's blocks in one array (collective: two agreements however many), for full params read in place;
-        None unless on ``_one_host`` with ``_room_to_map`` for all and the MPI library laid every rank's blocks
-        out one after another (MPI's default)."""
-        if not (self._one_host and self._room_to_map(sum(numels) * np.dtype(dtype).itemsize)):
+        rank's blocks in one array (collective: a few agreements however many), for full params read in place;
+        None unless on ``_one_host``, no rank has an address-space limit, the shared memory has room for all, and
+        the MPI library laid every rank's blocks out one after another (MPI's default)."""
+        if not self._one_host or self._address_space_limited:
             return None
+        problem = window_room_problem(sum(numels) * np.dtype(dtype).itemsize * self.node.Get_size())
+        if agree.said_by_any(self, problem, "room for node-shared params") is not None:
+            return None  # the groups gather as before; the gradients' shared paths stay as they are
         with self.watchdog.waiting("set-up of node-shared params"):
             made = [NodeBlocks(self.node, self.watchdog, numel, dtype, "params") for numel in numels]
         if self.allreduce_value(any(b.whole is None for b in made), MPI.LOR, "whether shared params are split"):

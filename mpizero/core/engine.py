@@ -166,7 +166,7 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         """Stream one contribution's tensors of group ``index`` into its local grads, and tally them (those
         encoded now: a contribution whose arrays the caller ``given_up`` may wait to be encoded with the next)."""
         tally = self._tallies[index]
-        if self.groups[index].gradients.rounds_reduced:
+        if self.groups[index].gradients.rounds_reduced or self.groups[index].gradients.rounds_waiting:
             tally.note(f"group {index} was reduced round by round: its gradients cannot also be accumulated")
         if tally.check(grads, self.names):
             gradients = self.groups[index].gradients
@@ -203,7 +203,7 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         if group.plan.gradient_collective is not GradientCollective.REDUCE_SCATTER:
             raise StepOrderError(f"reduce_round({index}): stage {self.config.stage} all-reduces; use accumulate")
         tally = self._tallies[index]
-        if group.gradients.accumulated:
+        if group.gradients.accumulated or (group.gradients.waiting is not None and not group.gradients.rounds_waiting):
             tally.note(f"reduce_round({index}) after accumulate for that group in the same step")
         if not group.place.keeps_sums:  # offloaded: one group's streamed sum in memory between rounds, and started ones
             for other in set(range(len(self.groups))) - self._tracker.started - {index}:
@@ -219,6 +219,7 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
             mode,
             can_redo,
             self.pairs,
+            keep == "copy",
         )
         self._record_encoded(tally, index, encoded)
         self._sample_after([index])

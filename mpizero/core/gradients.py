@@ -94,7 +94,8 @@ class GroupGradients:
         next contribution (none encoded now, or both). A pass's ``predictions`` are the same for every
         contribution, and ``end_step`` drops one still waiting, so a pair is always encoded at the scales of both."""
         arrived = Waiting({spec.name: grads[spec.name] for spec in self.layout.specs}, keep, measure)
-        pair = self._pair(arrived, may_wait and reduction.pairs)
+        # a round waiting (a misuse the engine has noted) is left to the collective every rank makes for it
+        pair = [arrived] if self.rounds_waiting else self._pair(arrived, may_wait and reduction.pairs)
         if not pair:
             return []
         if self.local_grads is None:
@@ -139,19 +140,23 @@ class GroupGradients:
         self.waiting = None
         return self.accumulate(reduction, grads, predictions, keep, measure, may_wait=False)
 
-    def reduce_round(self, collectives, reduction, grads, predictions, keep: Keep, measure: bool, pairs: bool):
+    def reduce_round(
+        self, collectives, reduction, grads, predictions, keep: Keep, measure: bool, pairs: bool, copy: bool
+    ):
         """Sum one round's contribution (or zeros) over ranks into the streamed sum (collective where anything
         streams: every rank computes the same ``predictions``); return each contribution summed now with its
         maxima and left-out counts (as ``accumulate``). With ``pairs`` (the engine's setting, the same on every
         rank) a round waits for the next, and the two are summed in one pass: a contribution the caller gave up as
-        it is, one it may write again as a copy."""
+        it is, one it may write again (``copy``) as a copy."""
         if not any(p is not None for p in predictions):  # nothing to sum this pass: measure or keep only
             if grads is None:
                 return []
             found = reduction.measure(grads, self.layout.specs)
             return self._kept_and_found([Waiting(grads, keep, measure)], [found], predictions)
         pairs = pairs and reduction.pairs
-        if grads is not None and pairs and keep is Keep.COPY:
+        if self.waiting is not None and not self.rounds_waiting:  # a misuse the engine has noted: no collective
+            self.flush(collectives, reduction, predictions)
+        if grads is not None and pairs and copy and self.waiting is None:  # it will wait: the caller may write it
             grads, keep = {spec.name: grads[spec.name].copy() for spec in self.layout.specs}, Keep.REFERENCE
         pair = self._pair(Waiting(grads, keep, measure), pairs)
         self.rounds_waiting = self.waiting is not None
@@ -164,11 +169,11 @@ class GroupGradients:
         sums = collectives.owner_sums(id(self), self.owned_numel, reduction.wire_dtype) if shared else None
         round_ = self._push_round if sums is not None else self._scatter_round
         present = [c.grads for c in pair if c.grads is not None]
-        found = iter(round_(collectives, reduction, present, predictions, sums))
+        found = iter(round_(collectives, reduction, present, predictions, sums, len(pair)))
         self.rounds_reduced += 1
         return self._kept_and_found(pair, [None if c.grads is None else next(found) for c in pair], predictions)
 
-    def _push_round(self, collectives, reduction, present: list, predictions, sums) -> list:
+    def _push_round(self, collectives, reduction, present: list, predictions, sums, _) -> list:
         """Add this rank's block of the contributions for each owner into that owner's accumulator (one host:
         ``OwnerSums``); return each contribution's (maxima, left out) over the whole buffer."""
         count = len(self.layout.specs)
@@ -202,16 +207,16 @@ class GroupGradients:
         if parked is not None:
             self.reduced = parked
 
-    def _scatter_round(self, collectives, reduction, present: list, predictions, _) -> list:
+    def _scatter_round(self, collectives, reduction, present: list, predictions, _, rounds: int) -> list:
         """Encode this rank's contributions into a round buffer and reduce-scatter it: out of each node's shared
         arena in two levels where the paths say so, else by MPI; narrow where the reduction's rounds are and one
-        contribution travels (``reduction.round_dtype``: every block goes whole to its owner, which widens the
-        blocks into its sum)."""
+        round travels (``rounds``: the same on every rank, whatever each hands in; ``reduction.round_dtype``:
+        every block goes whole to its owner, which widens the blocks into its sum)."""
         self._bring_sums_back()
         padded, wire = self.partition.padded_numel, reduction.wire_dtype
         on_arena = self._on_arena(collectives)
         narrow = reduction.round_dtype if not on_arena and reduction.round_dtype != wire else None
-        narrow = narrow if len(present) < 2 else None  # a pair's sum need not be a float32
+        narrow = narrow if rounds < 2 else None  # a pair's sum need not be a float32 (``rounds``: alike on all ranks)
         if on_arena:
             buffer = collectives.shared_buffer(padded, wire)
         else:

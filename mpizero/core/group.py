@@ -284,7 +284,8 @@ class FlatGroup:
 
     def memory(self) -> dict[str, int]:
         """Bytes this group holds now, by kind (see ``memory.KINDS``)."""
-        transient_full = self.plan.gathers_params and self.full_params is not None and self.node_params is None
+        in_place = self.node_params is not None and self.full_params is self.node_params.whole
+        transient_full = self.plan.gathers_params and self.full_params is not None and not in_place  # a copy
         in_memory = self.place.in_memory()  # offloaded: what is read in for the update, if anything
         return {
             "params": self.param_shard.nbytes if self.plan.gathers_params else self.full_params.nbytes,

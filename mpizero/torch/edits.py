@@ -69,6 +69,13 @@ class EditWatch:
         return self.refusal
 
     def _changes(self) -> str | None:
+        if self.binder.edited_in_place:
+            return (
+                f"parameters {_names(sorted(set(self.binder.edited_in_place)))} were edited in place during a "
+                "forward or backward at stage 3, where every rank reads the same node-shared parameters: the edit "
+                "reached every rank's masters, unagreed; load a checkpoint or a state dict to go on (edit "
+                "parameters inside `with zero.gathered(writeback=True):`)"
+            )
         flipped = sorted(
             name for name, p in self.model.named_parameters() if p.requires_grad != (name in self.trainable)
         )

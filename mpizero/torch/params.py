@@ -69,6 +69,8 @@ class Binder:
         self.sharded = engine.groups[0].plan.gathers_params
         self.holders = [0] * len(engine.groups)  # acquisitions not yet released, per group
         self.in_flight: set[int] = set()  # prefetched groups nobody has acquired yet
+        self.in_place: dict[int, list[int]] = {}  # groups shown as the engine's shared params: each one's versions
+        self.edited_in_place: list[str] = []  # parameters edited while shown so, until a load sets the masters
         self.buffers: list[FullParams] = []
         self.placeholder = torch.empty(0, dtype=torch.float32, device=device)
         if self.sharded or not self.zero_copy:
@@ -82,16 +84,26 @@ class Binder:
         self.refresh()
 
     def _show(self, index: int) -> None:
-        """Make group ``index``'s parameters views of its (allocated) float32 buffer."""
+        """Make group ``index``'s parameters views of its (allocated) float32 buffer. Shown as the engine's
+        shared params (read in place), a write through ``.data`` is counted as while hidden, and each
+        parameter's version is noted, so that ``_hide`` finds any edit."""
         flat = self.buffers[index].tensor
+        shared = index in self.in_place
         for spec in self.engine.groups[index].layout.specs:
             param = self.params[spec.name]
-            param.__class__ = own_class(param)  # torch's own .data again
+            param.__class__ = counting_class(own_class(param)) if shared else own_class(param)
             param.data = flat[spec.offset : spec.stop].view(spec.shape)
+        if shared:
+            self.in_place[index] = [self.params[name]._version for name in self.engine.groups[index].layout.names]
 
     def _hide(self, index: int) -> None:
-        """Make group ``index``'s parameters the placeholder and free its full params."""
-        for name in self.engine.groups[index].layout.names:
+        """Make group ``index``'s parameters the placeholder and free its full params; note the parameters edited
+        in place while shown as the engine's shared params (the edit reached every rank's masters)."""
+        names = self.engine.groups[index].layout.names
+        versions = self.in_place.pop(index, None)
+        if versions is not None:
+            self.edited_in_place += [n for n, v in zip(names, versions) if self.params[n]._version != v]
+        for name in names:
             param = self.params[name]
             param.data = self.placeholder
             param.__class__ = counting_class(own_class(param))
@@ -151,6 +163,7 @@ class Binder:
         if self.engine.groups[index].node_params is not None and not private:
             self.engine.gather(index, blocking=blocking)
             self.buffers[index].allocate(self.engine.full_params(index))
+            self.in_place[index] = []
         else:
             self.engine.gather(index, blocking=blocking, out=self.buffers[index].allocate())
 

@@ -53,6 +53,10 @@ def test_edits_are_refused_or_dropped_alike_at_every_stage_and_rank(n):
     assert f"parameters '2.bias' {EDITED}" in outcome[3, ".data edit"]
     for stage in range(4):
         assert "; again: refused; then" in outcome[stage, ".data edit"]
+    # stage 3 on one host reads the params in place: an edit in a forward reached every rank's masters
+    said = outcome[3, "edit in forward"]
+    assert said.startswith(f"refused: step 2: {every}parameters '0.weight' were edited in place during a forward"), said
+    assert said.endswith("; again: refused; after a load: done"), said
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2])

@@ -125,7 +125,28 @@ def inside_gathered(stage: int, how: str) -> str:
     return f"{result}; then as without the edit: {same}"
 
 
-outcomes = []
+def edit_in_forward() -> str:
+    """Stage 3 on one host shows the engine's node-shared params inside a forward: an edit there (a pre-hook
+    writing through ``.data``) reaches every rank's masters, so the next steps are refused until a load."""
+    model = make("mlp")
+    zero = shard(model, mpizero.SGD(lr=0.1), comm=comm, stage=3)
+    train_step(model, zero, 0)
+    saved = zero.state_dict(all_ranks=True)
+
+    def double(module, args) -> None:
+        module.weight.data.mul_(2)
+
+    hook = model[0].register_forward_pre_hook(double)
+    result = outcome(lambda: train_step(model, zero, 1))
+    hook.remove()
+    zero.zero_grad()
+    result += "; again: " + outcome(lambda: train_step(model, zero, 1)).split(":")[0]
+    zero.zero_grad()
+    zero.load_state_dict(saved)
+    return result + "; after a load: " + outcome(lambda: train_step(model, zero, 2))
+
+
+outcomes = [f"stage 3 edit in forward: {edit_in_forward()}"]
 for stage in range(4):
     for name in BETWEEN_STEPS:
         outcomes.append(f"stage {stage} {name}: {between_steps(stage, name)}")
