@@ -115,8 +115,10 @@ bridge() {  # bridge N: mpizero.torch on the device and on the CPU (torch_agains
   local on_device="$work/bridge-device-$1.txt" on_cpu="$work/bridge-cpu-$1.txt" name="bridge-$1" script
   script=tests/torch_bridge/torch_against_cpu.py
   step "mpizero.torch on $torch_device against the CPU, -n $1: fp32, fp16, bf16 at stages 0-3"
+  # shellcheck disable=SC2016  # expanded by the inner bash: its $1 is the file, the rest the command
   run 90 "$name-device" bash -c 'exec "${@:2}" > "$1"' _ "$on_device" env MPIZERO_CUDA_AWARE=0 "$MPIEXEC" -n "$1" \
     "$PYTHON" -m mpi4py "$script" "$torch_device" || return
+  # shellcheck disable=SC2016  # as above
   run 90 "$name-cpu" bash -c 'exec "${@:2}" > "$1"' _ "$on_cpu" env -u MPIZERO_STANDIN "$MPIEXEC" -n "$1" \
     "$PYTHON" -m mpi4py "$script" cpu || return
   cat "$on_device"
