@@ -25,6 +25,7 @@
 # A bare machine without network: carry wheels in .whl/ (the mpich wheel at least; git-ignored); they are
 # installed into $TMPDIR/gpu_check-site (/tmp/...) in that Python's own layout (lib/pythonX.Y/site-packages, or
 # Debian's local/lib/pythonX.Y/dist-packages).
+# GPU_CHECK_AGAINST_RANKS (default "4 3 1"): the -n of the bitwise part's MLP comparisons with the CPU.
 # Rehearse on a CPU machine with GPU_CHECK_DEVICE=standin: the same commands through the device code paths, on the
 # CPU stand-in for CuPy (mpizero.standin; torch's CPU tensors stand for CUDA ones); GPU_CHECK_DEVICE=cpu runs them
 # on NumPy arrays and CPU torch.
@@ -228,7 +229,7 @@ fi
 
 if wants bitwise; then
   mark bitwise 300
-  for n in 4 3 1; do against "$n" mlp; done
+  for n in ${GPU_CHECK_AGAINST_RANKS:-4 3 1}; do against "$n" mlp; done
   against 2 transformer
   aware_settings=0
   if "$PYTHON" -c "from mpizero.comm.cuda_aware import query_cuda_support as q; raise SystemExit(0 if q() else 1)"; then
