@@ -206,6 +206,11 @@ class Collectives:
         with self.traffic.timed("allgather"):
             blocks.synchronize("shared params (every rank's writes done)")
 
+    def end_reads_in_place(self, blocks: NodeBlocks) -> None:
+        """Wait until every rank has done reading ``blocks`` in place (collective), before this rank writes its own
+        block: the barrier an update of params read in place begins with."""
+        blocks.synchronize("shared params (every rank's reads done)")
+
     @functools.cached_property
     def _address_space_limited(self) -> bool:
         """Whether any rank runs under an address-space limit below the host's memory (``RLIMIT_AS``; collective

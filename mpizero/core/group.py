@@ -262,7 +262,7 @@ class FlatGroup:
         that needs whole matrices (Muon) goes through ``whole_matrices`` (collective). Params read in place wait
         for every rank's reads first (collective)."""
         if self.node_params is not None:
-            self.node_params.synchronize("shared params (every rank's reads done)")
+            collectives.end_reads_in_place(self.node_params)
         if any(rule.whole(h) for h in hyper):
             whole_matrices.update(self, rule, hyper, step, collectives)
             return
