@@ -58,6 +58,13 @@ class Stream:
         if event.stream is not None:
             late.wait(self.ptr, event.stream.ptr, event.position)
 
+    @classmethod
+    def from_external(cls, obj) -> ExternalStream:
+        """The stream another library made, handed over by the CUDA stream protocol (``obj.__cuda_stream__()``:
+        version, pointer), as CuPy 14 takes it."""
+        version, ptr = obj.__cuda_stream__()
+        return ExternalStream(ptr)
+
     def synchronize(self) -> None:
         """The host waits until this stream's queue is done."""
         bus.waited()
@@ -71,7 +78,8 @@ class Stream:
 
 
 class ExternalStream(Stream):
-    """A stream another library made (torch's ``cuda_stream``), known by its pointer."""
+    """A stream another library made (torch's ``cuda_stream``), known by its pointer (CuPy 13's way in;
+    ``Stream.from_external`` is CuPy 14's)."""
 
     def __init__(self, ptr: int, device_id: int = -1) -> None:
         super().__init__(ptr=ptr)

@@ -34,7 +34,7 @@ from mpizero.torch.buffers import BufferSync
 from mpizero.torch.edits import GATHERED_RAISED, EditWatch
 from mpizero.torch.grad_guard import GradView
 from mpizero.torch.grads import GradientIntake
-from mpizero.torch.hooks import UnitHooks
+from mpizero.torch.hooks import UnitHooks, outside_graphs
 from mpizero.torch.meta import MetaInit, is_meta_model
 from mpizero.torch.optim_bridge import TorchOptimizer, attach, is_torch_optimizer
 from mpizero.torch.params import Binder
@@ -118,6 +118,7 @@ class ShardedModel:
             self.announcer = Announcer(self.engine.collectives)
             self.buffers = BufferSync(model, self.engine.collectives, self.torch_stream.around)
             self.binder = Binder(self.engine, self.params, self.device, self.announcer)
+            self.torch_stream.order_forward(model, outside_graphs)
             self.hooks = None
             if self.binder.sharded:
                 self.hooks = UnitHooks(
@@ -153,8 +154,8 @@ class ShardedModel:
 
     def _grad_ready(self, name: str, param: torch.nn.Parameter) -> None:
         self._backward_started()
-        grad, param.grad = param.grad, None
-        self.grads.take(name, as_array(grad.contiguous()))
+        grad, param.grad = param.grad.contiguous(), None
+        self.grads.take(name, self.torch_stream.lend(grad, as_array(grad)))
         if self.hooks is not None:
             self.hooks.grad_ready(name)
 

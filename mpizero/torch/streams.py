@@ -11,13 +11,21 @@ FSDP's work runs on torch's streams. On the host nothing is queued and nothing c
 The engine's own state (gradient shards, sums, masters) is written on whichever stream it was entered on, so when
 torch's current stream differs from the last entry's (a user's ``torch.cuda.stream(s)`` around forward and
 backward, then ``step()`` outside it), the new stream first waits for an event recorded on the last one: the
-engine's work stays in the order it was issued, as FSDP's streams wait on each other's events.
+engine's work stays in the order it was issued, as FSDP's streams wait on each other's events. A model's forward
+enters too (``order_forward``), so a forward on another stream than the last step's reads the parameters after the
+step's update at every stage, not only at stage 3, whose gathers enter anyway.
+
+A gradient autograd made on one stream and lent to the engine (``lend``: held past its hook, zero-copy) may be read
+on another, where the engine is entered next; each lent tensor is recorded on every stream the engine enters while it
+is alive (``Tensor.record_stream``), so torch's caching allocator does not hand its memory to the stream that made it
+while the other still reads it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 
 import numpy as np
 import torch
@@ -30,17 +38,38 @@ def torch_stream_pointer(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else STANDIN_TORCH_STREAM
 
 
+class StreamPointer:
+    """A ``cudaStream_t`` as the CUDA stream protocol hands it over (``__cuda_stream__``: version 0, the pointer)."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return 0, self.ptr
+
+
+def external_stream(xp, ptr: int):
+    """CuPy's stream over the stream ``ptr`` another library made: ``Stream.from_external`` where CuPy has it (14
+    on, which deprecates ``ExternalStream``), ``ExternalStream`` before (CuPy 13)."""
+    from_external = getattr(xp.cuda.Stream, "from_external", None)
+    return from_external(StreamPointer(ptr)) if from_external else xp.cuda.ExternalStream(ptr)
+
+
 class TorchStream:
     """``with torch_stream():`` makes CuPy's current stream torch's current one, where the engine is on a device."""
 
     def __init__(self, xp, device: torch.device) -> None:
         self.xp, self.device = xp, device
         self.last = None  # the stream the engine was last entered on
+        self.lent: dict[int, torch.Tensor] = {}  # id of an array the engine holds -> the tensor it views
 
     def __call__(self):
         if self.xp is np:
             return contextlib.nullcontext()
-        stream = self.xp.cuda.ExternalStream(torch_stream_pointer(self.device))
+        stream = external_stream(self.xp, torch_stream_pointer(self.device))
+        if self.last is not None and self.last.ptr != stream.ptr:
+            for tensor in self.lent.values():
+                record_stream(tensor, self.device)
         self.follow(stream)
         return stream
 
@@ -51,6 +80,21 @@ class TorchStream:
             stream.wait_event(self.last.record())
         self.last = stream
 
+    def lend(self, tensor: torch.Tensor, array):
+        """``array`` (a zero-copy view of ``tensor``) as the engine may hold it past this entry: ``tensor`` is
+        recorded on each stream the engine enters while ``array`` lives. On the host nothing is queued: as is."""
+        if self.xp is not np:
+            key = id(array)
+            self.lent[key] = tensor
+            weakref.finalize(array, self.lent.pop, key, None)
+        return array
+
+    def order_forward(self, model: torch.nn.Module, outside_graphs) -> None:
+        """Enter before each forward of ``model`` on a device (``outside_graphs``: the hook left out of compiled
+        graphs), so that its stream waits for the engine's last work (a step's update) if that was on another."""
+        if self.xp is not np:
+            model.register_forward_pre_hook(outside_graphs(self.around(lambda module, args: None)))
+
     def around(self, hook):
         """``hook`` run on torch's current stream (for hooks torch calls: forward, backward, state dict)."""
 
@@ -60,6 +104,13 @@ class TorchStream:
                 return hook(*args, **kwargs)
 
         return run
+
+
+def record_stream(tensor: torch.Tensor, device: torch.device) -> None:
+    """Keep ``tensor``'s memory from reuse until torch's current stream's work queued so far is done (a CUDA tensor;
+    the stand-in's CPU tensors run at once, and torch's CPU allocator reuses nothing early)."""
+    if tensor.device.type == "cuda":
+        tensor.record_stream(torch.cuda.current_stream(device))
 
 
 def on_torch_stream(method):

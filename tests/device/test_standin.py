@@ -1,6 +1,8 @@
 """The CPU stand-in for CuPy (``mpizero.standin``) refuses what CuPy refuses and counts what crosses the bus, so the
 device code paths that run on it are held to CuPy's rules without a GPU."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -237,3 +239,57 @@ def test_forward_and_backward_on_a_users_stream_then_step_on_another_give_the_ho
     assert trained(on_standin=True) == on_host
     monkeypatch.setattr(streams.TorchStream, "follow", lambda self, stream: None)
     assert trained(on_standin=True) != on_host
+
+
+def last_entered(entered: list, zero, module, args) -> None:
+    entered.append(zero.torch_stream.last)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_a_forward_on_a_users_stream_enters_the_engine_before_its_first_module(monkeypatch, stage):
+    """At stages 0-2 no gather enters the engine before a forward, so ``order_forward`` does: a forward on the
+    user's stream after ``step()`` on another first makes that stream wait for the step's update (``follow``),
+    as stage 3's gathers do; the bytes stay the host's."""
+    from mpizero.torch import streams
+
+    current = [streams.STANDIN_TORCH_STREAM]
+    monkeypatch.setattr(streams, "torch_stream_pointer", lambda device: current[0])
+    on_host = {}
+    for on_standin in (False, True):
+        model, zero = standin_model(monkeypatch, stage, on_standin)
+        entered = []  # the stream the engine was last entered on, as each forward's first module starts
+        model[0].register_forward_pre_hook(partial(last_entered, entered, zero))
+        for _ in range(2):
+            current[0] = 0xB0B  # the user's stream
+            backward_passes(model, 2)
+            current[0] = streams.STANDIN_TORCH_STREAM
+            zero.step()
+        masters = {name: a.tobytes() for name, a in zero.master_params().items()}
+        if on_standin:
+            assert [stream.ptr for stream in entered] == [0xB0B] * 4
+            assert masters == on_host
+        on_host = masters
+
+
+def test_gradients_the_engine_holds_are_recorded_on_the_stream_that_reads_them(monkeypatch):
+    """Stage 1, three backward passes on the user's stream, ``step()`` on another: the third pass's gradients,
+    waiting for a partner (paired encode), are torch's own memory, so at the step's entry each is recorded on the
+    step's stream (``record_stream``: torch's allocator keeps them until the step has read them); the first two
+    passes' gradients, encoded and let go, are not."""
+    from mpizero.torch import streams
+
+    current = [streams.STANDIN_TORCH_STREAM]
+    monkeypatch.setattr(streams, "torch_stream_pointer", lambda device: current[0])
+    recorded = []
+    monkeypatch.setattr(streams, "record_stream", lambda tensor, device: recorded.append((tensor, current[0])))
+    model, zero = standin_model(monkeypatch, 1)
+    current[0] = 0xB0B
+    backward_passes(model, 3)
+    assert recorded == []  # every pass on one stream: nothing read elsewhere
+    waiting = [a for g in zero.engine.groups for a in g.gradients.waiting.grads.values()]
+    third = [standin.asnumpy(a).tobytes() for a in waiting]
+    current[0] = streams.STANDIN_TORCH_STREAM
+    zero.step()
+    assert len(waiting) == 6 and len(recorded) == 6
+    assert sorted(tensor.numpy().tobytes() for tensor, _ in recorded) == sorted(third)
+    assert {stream for _, stream in recorded} == {streams.STANDIN_TORCH_STREAM}
