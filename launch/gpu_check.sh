@@ -8,6 +8,7 @@
 #                                       that must give one sha256, and a stage 3 torch model on cuda through
 #                                       save/load and load_state_dict, byte for byte
 #   bash launch/gpu_check.sh bitwise    by 300 s: verify --against cpu at -n 4 3 1 and the transformer at -n 2;
+#                                       the torch users' models on the device at -n 2 and 1, one digest each;
 #                                       verify at -n 2 4 3 1, both models, fp32 and fp16, staged (and CUDA-aware
 #                                       where MPI is); train at five (n, stage, staging) and through a checkpoint
 #                                       resumed at another n and stage, one sha256; the rest of test_gpu.py
@@ -26,6 +27,8 @@
 # installed into $TMPDIR/gpu_check-site (/tmp/...) in that Python's own layout (lib/pythonX.Y/site-packages, or
 # Debian's local/lib/pythonX.Y/dist-packages).
 # GPU_CHECK_AGAINST_RANKS (default "4 3 1"): the -n of the bitwise part's MLP comparisons with the CPU.
+# GPU_CHECK_USERS (default: all eight): the torch users' models (tests/torch_bridge/torch_users.py) the bitwise part
+# trains on the device at -n 2 and 1, one digest per model at every stage and -n (the device's own, not the CPU's).
 # Rehearse on a CPU machine with GPU_CHECK_DEVICE=standin: the same commands through the device code paths, on the
 # CPU stand-in for CuPy (mpizero.standin; torch's CPU tensors stand for CUDA ones); GPU_CHECK_DEVICE=cpu runs them
 # on NumPy arrays and CPU torch.
@@ -127,6 +130,28 @@ bridge() {  # bridge N: mpizero.torch on the device and on the CPU (torch_agains
     echo "!! $name: the digests above differ from the CPU's (or none was printed)"; failed+=("$name"); return
   fi
   echo "-- $name: every digest the device printed is the CPU's"
+}
+users() {  # users N...: torch_users.py's models on the device at each -n: one digest per model, every stage and n
+  local kinds=${GPU_CHECK_USERS:-tied twice frozen nested batchnorm autocast clip gpt2} n files=() name script
+  script=tests/torch_bridge/torch_users.py
+  step "the torch users' models on $torch_device (${kinds}), stages 0-3, at -n $*: one digest per model"
+  for n in "$@"; do
+    name="users-$n"
+    # shellcheck disable=SC2016,SC2086  # expanded by the inner bash: its $1 is the file; the kinds are words
+    run 120 "$name" bash -c 'exec "${@:2}" > "$1"' _ "$work/$name.txt" env MPIZERO_CUDA_AWARE=0 "$MPIEXEC" -n "$n" \
+      "$PYTHON" -m mpi4py "$script" --device "$torch_device" $kinds || return
+    files+=("$work/$name.txt")
+  done
+  cat "${files[0]}"
+  local lines models differ
+  lines=$(cat "${files[@]}" | grep -c '^digest')
+  models=$(wc -w <<< "$kinds")
+  differ=$(grep -h '^digest' "${files[@]}" | awk '{print $2, $4}' | sort -u | awk '{print $1}' | uniq -d | xargs)
+  if ((lines != 4 * models * $#)) || [ -n "$differ" ]; then
+    echo "!! users: $lines digest lines of $((4 * models * $#)); models whose bytes differ: ${differ:-none}"
+    failed+=("users"); return
+  fi
+  echo "-- users: every model one digest at stages 0-3 and -n $*"
 }
 train_run() {  # train_run NAME AWARE STAGING N TRAIN-FLAGS...: mpizero train under run, the transformer's settings
   local name=$1 aware=$2 staging=$3 n=$4
@@ -231,6 +256,7 @@ if wants bitwise; then
   mark bitwise 300
   for n in ${GPU_CHECK_AGAINST_RANKS:-4 3 1}; do against "$n" mlp; done
   against 2 transformer
+  users 2 1
   aware_settings=0
   if "$PYTHON" -c "from mpizero.comm.cuda_aware import query_cuda_support as q; raise SystemExit(0 if q() else 1)"; then
     aware_settings="0 1"

@@ -8,7 +8,10 @@ over the ranks, under ``join()``: two steps with kept gradients, one with
 ``step(closure)``. Rank 0 prints ``digest MODEL STAGE HEX`` of the masters.
 With ``--features``: placeholders, gathered(), state dicts, and mismatched
 calls; each prints one ``ok`` line. With ``--default-units``: GPT-2 at
-stages 0 and 3 without ``units=``.
+stages 0 and 3 without ``units=``. ``--device cuda`` first: the models and
+their batches on the GPU (``launch/gpu_check.sh``: one digest per model there
+too, at every stage and world size; not the CPU's, whose matrix products sum
+in another order).
 """
 
 import hashlib
@@ -26,6 +29,7 @@ from mpizero.torch import shard
 torch.set_num_threads(1)
 comm = MPI.COMM_WORLD
 MICRO_BATCHES = 5
+DEVICE = torch.device("cpu")  # where the models and their batches live (``--device``)
 
 
 def mine() -> list[int]:
@@ -33,9 +37,10 @@ def mine() -> list[int]:
 
 
 def backward(kind, zero, model, step, m):
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=kind == "autocast"):
-        out = model(batch(kind, step, m)[0])
-    result = loss(kind, out, batch(kind, step, m)[1])
+    x, y = (t.to(DEVICE) for t in batch(kind, step, m))
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=kind == "autocast"):
+        out = model(x)
+    result = loss(kind, out, y)
     result.backward()
     return result
 
@@ -55,6 +60,7 @@ def train(kind, zero, model, steps=3):
 
 def build(kind, stage, **settings):
     model, units = make(kind)
+    model.to(DEVICE)
     return model, shard(model, mpizero.AdamW(lr=1e-2, weight_decay=0.1), stage=stage, units=units, **settings)
 
 
@@ -243,6 +249,9 @@ def check_default_units():
 
 
 def main(argv):
+    global DEVICE
+    if argv[:1] == ["--device"]:
+        DEVICE, argv = torch.device(argv[1]), argv[2:]
     if argv == ["--meta"]:
         check_meta()
         return
