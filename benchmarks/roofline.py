@@ -64,10 +64,12 @@ def per_step(config: str, ranks: int) -> float:
     if config == "torch-ddp":
         return ddp_allreduce(ranks) + TORCH_ADAM
     stage = stage_of(config)
-    reduce = {0: 8 * ranks + 8, 1: 8 + 8 / ranks, 2: 0, 3: 0}[stage]  # out of the node-shared int64 sums
-    owned = 1 if stage == 0 else 1 / ranks  # stage 0 decodes and updates every parameter on every rank
+    # each rank sums its block out of the node-shared int64 sums (stages 0-1: read 8 a parameter in all, write
+    # 8 / R; stages 2-3 summed theirs round by round) and decodes it: stage 0 into node-shared grads
+    reduce = 8 + 8 / ranks if stage <= 1 else 0
+    updated = 1 if stage == 0 else 1 / ranks  # stage 0 updates every parameter on every rank
     publish = {0: 8, 1: 8, 2: 8, 3: 0}[stage]  # stage 0 copies the master into the params; 1-2 all-gather them
-    return reduce + (DECODE + ADAM) * owned + publish
+    return reduce + DECODE / ranks + ADAM * updated + publish
 
 
 MODELLED = ("torch-ddp", *(f"mpizero.torch-{s}" for s in range(4)), "mpizero.torch-2-paired", "mpizero.torch-3-paired")

@@ -153,10 +153,11 @@ def measured_bytes(args, stage: int) -> dict:
 
 
 def predicted_bytes(setup: formulas.Setup) -> dict:
-    """Bytes per rank by kind as ``estimate`` predicts them, plus the shared accumulators ranks on one host add."""
+    """Bytes per rank by kind as ``estimate`` predicts them with every rank on one host, as ``--measure`` runs
+    them (stage 0's averaged grads node-shared: a block a rank), the shared accumulators that adds apart."""
     held = formulas.engine_bytes(setup)
-    arena = formulas.engine_bytes(dataclasses.replace(setup, shared_memory=True))["comm"] - held["comm"]
-    return {**{kind: held[kind] for kind in KINDS}, "arena": arena}
+    one_host = formulas.engine_bytes(dataclasses.replace(setup, shared_memory=True))
+    return {**{kind: one_host[kind] for kind in KINDS}, "comm": held["comm"], "arena": one_host["comm"] - held["comm"]}
 
 
 def draw_bar(ax, x: float, held: dict, measured: bool) -> float:

@@ -105,7 +105,7 @@ class Collectives:
             self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.arenas: dict = {}  # key -> SharedArena; "bucket" is the one stages 2-3 share
         self.sums: dict = {}  # key -> OwnerSums: a group's round-by-round sum, on one host
-        self.params_windows: list[NodeBlocks] = []  # stage 3's full params read in place, on one host
+        self.node_windows: list[NodeBlocks] = []  # on one host: stage 3's full params, stage 0's averaged grads
         self.paths = self._settle_paths(on_device)
         levels = TwoLevel(comm, self.node, self.watchdog) if self.paths.two_level else None
         self.transports = Router(comm, self.paths, levels)
@@ -169,23 +169,24 @@ class Collectives:
                 self.sums[key] = OwnerSums(self.node, self.watchdog, numel, dtype)
         return self.sums.get(key)
 
-    def node_params(self, numels: list[int], dtype) -> list[NodeBlocks] | None:
+    def node_blocks(self, numels: list[int], dtype, what: str) -> list[NodeBlocks] | None:
         """For each of ``numels``, node-shared blocks of that many elements per rank whose ``whole`` is every
-        rank's blocks in one array (collective: a few agreements however many), for full params read in place;
-        None unless on ``_one_host``, no rank has an address-space limit, the shared memory has room for all, and
-        the MPI library laid every rank's blocks out one after another (MPI's default)."""
+        rank's blocks in one array (collective: a few agreements however many), for buffers every rank reads in
+        place (``what``: stage 3's full params, stage 0's averaged grads); None unless on ``_one_host``, no rank has
+        an address-space limit, the shared memory has room for all, and the MPI library laid every rank's blocks
+        out one after another (MPI's default)."""
         if not self._one_host or self._address_space_limited:
             return None
         problem = window_room_problem(sum(numels) * np.dtype(dtype).itemsize * self.node.Get_size())
-        if agree.said_by_any(self, problem, "room for node-shared params") is not None:
-            return None  # the groups gather as before; the gradients' shared paths stay as they are
-        with self.watchdog.waiting("set-up of node-shared params"):
-            made = [NodeBlocks(self.node, self.watchdog, numel, dtype, "params") for numel in numels]
-        if self.allreduce_value(any(b.whole is None for b in made), MPI.LOR, "whether shared params are split"):
+        if agree.said_by_any(self, problem, f"room for node-shared {what}") is not None:
+            return None  # each rank keeps its own as before; the gradients' shared paths stay as they are
+        with self.watchdog.waiting(f"set-up of node-shared {what}"):
+            made = [NodeBlocks(self.node, self.watchdog, numel, dtype, what) for numel in numels]
+        if self.allreduce_value(any(b.whole is None for b in made), MPI.LOR, f"whether shared {what} are split"):
             for blocks in made:
                 blocks.free()
             return None
-        self.params_windows.extend(made)
+        self.node_windows.extend(made)
         return made
 
     @property
@@ -205,6 +206,13 @@ class Collectives:
         self.traffic.record("allgather", full_bytes, self.comm.Get_size(), self.paths.nodes)
         with self.traffic.timed("allgather"):
             blocks.synchronize("shared params (every rank's writes done)")
+
+    def decoded_in_place(self, blocks: NodeBlocks) -> None:
+        """Wait until every rank has written its block of ``blocks``, node-shared averaged grads (collective): the
+        end of the all-reduce each rank began by reducing its own block (``reduce_scatter`` counted as the
+        all-reduce), so nothing more is counted."""
+        with self.traffic.timed("allreduce"):
+            blocks.synchronize("shared grads (every rank's block written)")
 
     def end_reads_in_place(self, blocks: NodeBlocks) -> None:
         """Wait until every rank has done reading ``blocks`` in place (collective), before this rank writes its own
@@ -236,9 +244,9 @@ class Collectives:
     @property
     def mapped_bytes(self) -> int:
         """Bytes of the other ranks' owner sums this rank maps during a step (``OwnerSums.unmap_others`` drops
-        them after each step) and of their param blocks read in place: in its RSS, not its memory (the pages are
-        theirs, counted once on the host)."""
-        return sum(blocks.others_bytes for blocks in [*self.sums.values(), *self.params_windows])
+        them after each step) and of their blocks read in place (params, averaged grads): in its RSS, not its
+        memory (the pages are theirs, counted once on the host)."""
+        return sum(blocks.others_bytes for blocks in [*self.sums.values(), *self.node_windows])
 
     def agree(self, local: np.ndarray) -> np.ndarray:
         """Reduce a small float64 vector of per-rank facts: entry 0 summed (a count), the rest maxed (flags, maxima).

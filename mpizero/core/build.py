@@ -50,18 +50,32 @@ def build_groups(
         groups.clear()  # free what was made before agreeing
     agree.raise_if_any(collectives, problem, "bad initial values")
     share_params(groups, collectives)
+    if offload_to is None:
+        share_grads(groups, collectives)
     return groups
 
 
 def share_params(groups: list[FlatGroup], collectives) -> None:
     """Where the stage gathers params and every rank shares this host (host arrays), hold each group's param shard
-    in node-shared full params, read in place by a gather (``Collectives.node_params``: collective, agreed);
+    in node-shared full params, read in place by a gather (``Collectives.node_blocks``: collective, agreed);
     elsewhere the groups gather by copying."""
     if not groups or not groups[0].plan.gathers_params or groups[0].xp is not np:
         return
-    made = collectives.node_params([g.param_shard.size for g in groups], groups[0].param_dtype)
+    made = collectives.node_blocks([g.param_shard.size for g in groups], groups[0].param_dtype, "params")
     for group, blocks in zip(groups, made or []):
         group.read_in_place(blocks)
+
+
+def share_grads(groups: list[FlatGroup], collectives) -> None:
+    """Where every rank updates from the whole averaged gradient (stage 0), shares this host and holds its states
+    in memory (host arrays), hold each group's averaged grads in node-shared blocks: each rank sums and decodes its
+    block, and reads the others' in place (``Collectives.node_blocks``: collective, agreed); elsewhere every rank
+    sums and decodes all of it."""
+    if not groups or not groups[0].plan.shares_averaged_grads or groups[0].xp is not np:
+        return
+    made = collectives.node_blocks([g.partition.shard_numel for g in groups], np.float32, "grads")
+    for group, blocks in zip(groups, made or []):
+        group.decode_in_place(blocks)
 
 
 def agree_held_params(groups: list[FlatGroup], collectives) -> None:

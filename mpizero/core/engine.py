@@ -408,6 +408,6 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         grad_norm = norm.global_norm(pieces, self.numel, self.collectives if across_ranks else None)
         factor = norm.clip_factor(grad_norm, max_norm)
         if factor is not None:
-            for piece in pieces:
-                piece *= np.float32(factor)
+            for group in self.groups:
+                group.scale_grads(np.float32(factor), self.collectives)
         return grad_norm

@@ -80,7 +80,7 @@ def engine_bytes(setup: Setup) -> dict[str, int]:
     return {
         "params": sum(span(p.params_range) * n for p, n in plans) * setup.param_bytes,
         "gathered": 0,
-        "grads": owned * 4 * in_memory,
+        "grads": sum(_grad_bytes(setup, p) * n for p, n in plans) * in_memory,
         "master": sum(_master_bytes(setup, p) * n for p, n in plans) * in_memory,  # stage 3 fp32: counted as params
         "optimizer": owned * 4 * setup.optimizer_states * in_memory,
         "comm": _comm_bytes(setup, plans),
@@ -100,6 +100,13 @@ def offload_bytes(setup: Setup) -> dict[str, int]:
 def _states_bytes(setup: Setup, plan: ShardPlan) -> int:
     """One group's fp32 master, optimizer state and grad shards, offloaded."""
     return _master_bytes(setup, plan) + span(plan.owned_range) * 4 * (setup.optimizer_states + 1)
+
+
+def _grad_bytes(setup: Setup, plan: ShardPlan) -> int:
+    """One group's averaged grad shard on this rank: its block of node-shared grads where every rank shares one
+    host and needs them whole (stage 0: ``build.share_grads``), else the owned range."""
+    one_host = setup.shared_memory and setup.nodes == 1 and not setup.offloaded
+    return span(plan.shard_range if one_host and plan.shares_averaged_grads else plan.owned_range) * 4
 
 
 def _master_bytes(setup: Setup, plan: ShardPlan) -> int:

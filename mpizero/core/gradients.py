@@ -59,16 +59,30 @@ class GroupGradients:
 
     def __init__(self, layout, plan, xp, segments, place) -> None:
         self.layout, self.plan, self.partition, self.xp = layout, plan, plan.partition, xp
-        self.segments = segments  # (tensor index, start, stop) of each tensor's piece, owned-relative
         start, stop = plan.owned_range
         self.owned_numel = stop - start
         self.place = place  # where the grad shard lives (``states``), and the streamed sum between rounds
         self.local_grads = self.reduced = self.pending_reduce = self.pending_result = None
         self.sums = None  # on one host: the node-shared accumulators rounds are summed into (the communicator's)
+        self.grad_blocks = None  # stage 0 on one host: the node-shared averaged grads (``decode_block``)
+        # (tensor index, start, stop) of each tensor's piece this rank sums and decodes: of the owned range
+        # (owned-relative), or of its block of the node-shared grads (``decode_block``)
+        self.averaged = segments
         self.kept: dict[int, list] = {}  # tensor index -> [(array, lowest magnitude bits left out)]
         self.waiting: Waiting | None = None
         self.rounds_waiting = False  # the one waiting is a round's: it is summed over ranks, not into local grads
         self.accumulated, self.rounds_reduced, self.decoded = False, 0, False  # this step's progress
+
+    def decode_block(self, blocks, segments) -> None:
+        """Sum and decode only this rank's block of the averaged gradient (``segments``, block-relative) into its
+        block of ``blocks``, node-shared averaged grads every rank reads whole once all are written: the owners'
+        all-reduce, each element summed and decoded once on the host instead of once on every rank."""
+        self.grad_blocks, self.averaged = blocks, segments
+
+    @property
+    def _averaged_numel(self) -> int:
+        """The elements this rank sums and decodes: its block of node-shared grads, else its owned range."""
+        return self.grad_blocks.own.size if self.grad_blocks is not None else self.owned_numel
 
     @property
     def scatters(self) -> bool:
@@ -272,13 +286,15 @@ class GroupGradients:
             local = self.local_grads = self.xp.empty(padded, dtype=wire)
         if not self.accumulated:
             local[...] = 0
-        result = self.xp.empty(self.owned_numel, dtype=wire)
+        result = self.xp.empty(self._averaged_numel, dtype=wire)
         self.pending_reduce = self._collective(collectives, local, result, blocking)
         self.pending_result = result
 
     def _collective(self, collectives, local, result, blocking: bool):
         if self.scatters:
             return collectives.reduce_scatter(local, result, blocking)
+        if self.grad_blocks is not None:  # the owners' all-reduce: this rank's block now, the rest read in place
+            return collectives.reduce_scatter(local, result, blocking, counted_as="allreduce")
         return collectives.allreduce(local, result, blocking)
 
     def finish_reduce(self, collectives, reduction, used, chosen, count: int, any_kept) -> None:
@@ -291,19 +307,22 @@ class GroupGradients:
             self.pending_reduce.wait()
             self._add_reduced(self.pending_result)
         wire = reduction.wire_dtype
-        total = self.reduced if self.reduced is not None else self.xp.zeros(self.owned_numel, dtype=wire)
+        total = self.reduced if self.reduced is not None else self.xp.zeros(self._averaged_numel, dtype=wire)
         shifts = [0 if p is None else p.k - k for p, k in zip(used, chosen)]
-        reduction.rescale(total, self.segments, shifts)
+        reduction.rescale(total, self.averaged, shifts)
         if any(any_kept):
             buffer = self.xp.empty(self.partition.padded_numel, dtype=wire)
             reduction.encode_kept(buffer, self.kept, self.layout.specs, chosen, exact.INF_BITS)
-            kept_sum = self.xp.empty(self.owned_numel, dtype=wire)
+            kept_sum = self.xp.empty(self._averaged_numel, dtype=wire)
             self._collective(collectives, buffer, kept_sum, True)
             total += kept_sum
         shard = self.place.decode_target()
-        shard[...] = 0
-        for index, lo, hi in self.segments:
-            reduction.decode(total[lo:hi], chosen[index], count, shard[lo:hi])
+        decoded = shard if self.grad_blocks is None else self.grad_blocks.own
+        decoded[...] = 0
+        for index, lo, hi in self.averaged:
+            reduction.decode(total[lo:hi], chosen[index], count, decoded[lo:hi])
+        if self.grad_blocks is not None:
+            collectives.decoded_in_place(self.grad_blocks)
         self.place.decoded(shard)
         self._free_step_buffers()
         self.decoded = True

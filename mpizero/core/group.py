@@ -13,7 +13,9 @@ Glossary (these names and no others):
 - owned range: what this rank updates: the whole padded buffer when the
   optimizer is not sharded (stage 0), its shard otherwise.
 - gradients: this step's local grads, streamed sum, kept elements and the
-  averaged grad shard over the owned range (``gradients.GroupGradients``).
+  averaged grad shard over the owned range (``gradients.GroupGradients``). At
+  stage 0 on one host the averaged grads are node-shared (``grad blocks``):
+  each rank decodes its block, and reads every rank's in place.
 - master shard: float32 parameters over the owned range; the optimizer's copy.
   At stage 3 with float32 params it is the param shard itself (one buffer,
   ``ShardPlan.master_is_param_shard``): the update writes the params directly.
@@ -123,6 +125,25 @@ class FlatGroup:
         blocks.own[...] = self.param_shard
         self.param_shard, self.node_params = blocks.own, blocks
 
+    def decode_in_place(self, blocks) -> None:
+        """Hold the averaged grads as ``blocks``, node-shared (stage 0 on one host: ``build.share_grads``): this
+        rank sums and decodes its block of them, and its update reads every rank's in place."""
+        self.place.grad_shard = blocks.whole
+        start, stop = self.plan.shard_range
+        self.gradients.decode_block(blocks, self._segments(start, stop))
+
+    def scale_grads(self, factor, collectives) -> None:
+        """Multiply the averaged grad shard by ``factor`` (clipping); node-shared grads each rank scales its block
+        of, between two waits for every rank (collective there): reads of the unscaled grads end before the first,
+        writes before the second."""
+        blocks, grad = self.gradients.grad_blocks, self.grad_shard
+        if blocks is None:
+            grad *= factor
+            return
+        collectives.decoded_in_place(blocks)
+        blocks.own *= factor
+        collectives.decoded_in_place(blocks)
+
     def states(self) -> Mapping:
         """The master shard (``master``) and each optimizer state shard, by name: in memory, read in for an update,
         or mapped from the offload file as each is used."""
@@ -150,7 +171,10 @@ class FlatGroup:
 
     def owned_segments(self) -> list[tuple[int, int, int]]:
         """Return ``(tensor index, start, stop)`` of each tensor's piece of the owned range (owned-relative)."""
-        start, stop = self.owned_range
+        return self._segments(*self.owned_range)
+
+    def _segments(self, start: int, stop: int) -> list[tuple[int, int, int]]:
+        """``(tensor index, start, stop)`` of each tensor's piece of ``[start, stop)``, relative to ``start``."""
         return [(index, lo - start, hi - start) for index, _, lo, hi in self.layout.overlaps(start, stop)]
 
     def held_buffers(self) -> list[tuple[str, int, object]]:
@@ -282,6 +306,13 @@ class FlatGroup:
         if publish is Publish.COPY_THEN_ALLGATHER:
             collectives.allgather_in_place(self.full_params)
 
+    def _grad_bytes(self, in_memory: dict) -> int:
+        """The averaged grad shard's bytes on this rank: its block of node-shared grads (the rest are the other
+        ranks', mapped: ``Collectives.mapped_bytes``), else the shard in memory, if any."""
+        if self.gradients.grad_blocks is not None:
+            return self.gradients.grad_blocks.own.nbytes
+        return in_memory[GRAD].nbytes if GRAD in in_memory else 0
+
     def memory(self) -> dict[str, int]:
         """Bytes this group holds now, by kind (see ``memory.KINDS``)."""
         in_place = self.node_params is not None and self.full_params is self.node_params.whole
@@ -290,7 +321,7 @@ class FlatGroup:
         return {
             "params": self.param_shard.nbytes if self.plan.gathers_params else self.full_params.nbytes,
             "gathered": self.full_params.nbytes if transient_full else 0,
-            "grads": (in_memory[GRAD].nbytes if GRAD in in_memory else 0) + self.gradients.held_bytes(),
+            "grads": self._grad_bytes(in_memory) + self.gradients.held_bytes(),
             "master": in_memory["master"].nbytes if "master" in in_memory else 0,  # shared: counted as params
             "optimizer": sum(a.nbytes for name, a in in_memory.items() if name not in ("master", GRAD)),
             "comm": self.gradients.comm_bytes(),

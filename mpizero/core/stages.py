@@ -121,6 +121,13 @@ class ShardPlan:
         return self.sharding.params and param_bytes == 4
 
     @property
+    def shares_averaged_grads(self) -> bool:
+        """Whether, where every rank shares one host, the averaged gradient every rank needs whole (the optimizer
+        not sharded: stage 0) is node-shared: each rank sums and decodes only its block of it and reads the others'
+        in place, instead of every rank summing and decoding all of it."""
+        return not self.sharding.optimizer
+
+    @property
     def gradient_collective(self) -> GradientCollective:
         """Reduce-scatter when only a shard of the averaged gradient is needed."""
         return GradientCollective.REDUCE_SCATTER if self.sharding.optimizer else GradientCollective.ALLREDUCE

@@ -73,7 +73,12 @@ def check_memory_by_stage():
         held = engine.memory()
         assert held["params"] == 4 * sum(shard if stage == 3 else padded), (stage, held)
         assert held["master"] == (0 if stage == 3 else 4 * sum(owned)), (stage, held)  # stage 3: the param shard
-        assert held["grads"] == 4 * sum(owned)
+        # stage 0 with every rank on one host: the averaged grads are node-shared, each rank holds its block
+        shared_grads = stage == 0 and engine.collectives.shared
+        assert held["grads"] == 4 * sum(shard if shared_grads else owned), (stage, held)
+        assert [g.gradients.grad_blocks is not None for g in engine.groups] == [shared_grads] * len(engine.groups)
+        if shared_grads:
+            assert all(g.grad_shard is g.gradients.grad_blocks.whole for g in engine.groups)
         assert all((g.master_shard is g.param_shard) == (stage == 3) for g in engine.groups), stage
         assert held["optimizer"] == 2 * 4 * sum(owned)
         arena = 8 * max(padded) if engine.collectives.shared else 0  # stages 2-3: the one shared bucket buffer
