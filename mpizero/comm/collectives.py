@@ -212,12 +212,12 @@ class Collectives:
         end of the all-reduce each rank began by reducing its own block (``reduce_scatter`` counted as the
         all-reduce), so nothing more is counted."""
         with self.traffic.timed("allreduce"):
-            blocks.synchronize("shared grads (every rank's block written)")
+            blocks.synchronize(f"shared {blocks.what} (every rank's block written)")
 
     def end_reads_in_place(self, blocks: NodeBlocks) -> None:
         """Wait until every rank has done reading ``blocks`` in place (collective), before this rank writes its own
-        block: the barrier an update of params read in place begins with."""
-        blocks.synchronize("shared params (every rank's reads done)")
+        block: the barrier an update of params read in place begins with, and a clipping of shared grads."""
+        blocks.synchronize(f"shared {blocks.what} (every rank's reads done)")
 
     @functools.cached_property
     def _address_space_limited(self) -> bool:

@@ -9,9 +9,9 @@ host it runs 2-3x faster than MPICH's ``Reduce_scatter_block`` (README,
 (native) sums are a rank-order fold, deterministic but not MPI's order.
 
 Stages 2 and 3 share one arena, grown (collectively) to the largest bucket:
-the one bucket-sized gradient buffer they keep, like DeepSpeed's. Stage 1
-gives each group an arena of its own: its full local gradient buffer, kept
-between steps as that stage keeps it.
+the one bucket-sized gradient buffer they keep, like DeepSpeed's. Stages 0-1
+give each group an arena of its own: its full local gradient buffer, kept
+between steps as those stages keep it.
 
 ``OwnerSums`` sums rounds without an arena: each rank's accumulator (its block
 of the sum) lies in a node-shared window, and each rank adds its contribution's

@@ -399,7 +399,8 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
     def clip_grad_norm(self, max_norm: float) -> float:
         """Scale every grad shard so the global gradient norm is at most ``max_norm``; return the norm before.
 
-        Between ``finish_reduction`` and ``apply_update`` (collective where the grads are sharded).
+        Between ``finish_reduction`` and ``apply_update``; collective where the grads are sharded (the norm's sum)
+        or node-shared (stage 0 on one host: each rank scales its block between two waits), so every rank calls it.
         """
         if not self._reduced:
             raise StepOrderError("clip_grad_norm() needs the step's gradients reduced first (finish_reduction)")

@@ -57,6 +57,11 @@ class Setup:
     group_counts: tuple[int, ...] = ()  # how many groups of each size in ``group_numels`` (empty: one each)
     offloaded: bool = False  # the master, optimizer and grad shards live in files (``states``)
 
+    @property
+    def one_host(self) -> bool:
+        """Whether every rank shares one host and keeps its states in memory: node-shared blocks are used."""
+        return self.shared_memory and self.nodes == 1 and not self.offloaded
+
     def counts(self) -> tuple[int, ...]:
         return self.group_counts or (1,) * len(self.group_numels)
 
@@ -105,8 +110,7 @@ def _states_bytes(setup: Setup, plan: ShardPlan) -> int:
 def _grad_bytes(setup: Setup, plan: ShardPlan) -> int:
     """One group's averaged grad shard on this rank: its block of node-shared grads where every rank shares one
     host and needs them whole (stage 0: ``build.share_grads``), else the owned range."""
-    one_host = setup.shared_memory and setup.nodes == 1 and not setup.offloaded
-    return span(plan.shard_range if one_host and plan.shares_averaged_grads else plan.owned_range) * 4
+    return span(plan.shard_range if setup.one_host and plan.shares_averaged_grads else plan.owned_range) * 4
 
 
 def _master_bytes(setup: Setup, plan: ShardPlan) -> int:
@@ -120,7 +124,7 @@ def _comm_bytes(setup: Setup, plans: list[tuple[ShardPlan, int]]) -> int:
     kept = sum(p.partition.padded_numel * n for p, n in plans if p.keeps_local_grads)
     if kept:
         return kept * setup.wire_bytes
-    if setup.shared_memory and setup.nodes == 1 and not setup.offloaded:  # offloaded: no owner sums
+    if setup.one_host:  # offloaded: no owner sums
         return sum(span(p.shard_range) * n for p, n in plans) * setup.wire_bytes
     return 0
 

@@ -24,6 +24,9 @@ Glossary (with ``group``'s, these names and no others):
 - grad shard: the averaged float32 gradient over the owned range, where the
   group's place keeps it (``states``; offloaded: written to the group's file
   once decoded, and read in again for the update).
+- grad blocks: stage 0 on one host, the grad shard as node-shared blocks
+  (``decode_block``): each rank reduces, rescales and decodes only its block,
+  whose segments are ``decoded_segments``, and reads every rank's in place.
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ class GroupGradients:
         self.grad_blocks = None  # stage 0 on one host: the node-shared averaged grads (``decode_block``)
         # (tensor index, start, stop) of each tensor's piece this rank sums and decodes: of the owned range
         # (owned-relative), or of its block of the node-shared grads (``decode_block``)
-        self.averaged = segments
+        self.decoded_segments = segments
         self.kept: dict[int, list] = {}  # tensor index -> [(array, lowest magnitude bits left out)]
         self.waiting: Waiting | None = None
         self.rounds_waiting = False  # the one waiting is a round's: it is summed over ranks, not into local grads
@@ -77,7 +80,7 @@ class GroupGradients:
         """Sum and decode only this rank's block of the averaged gradient (``segments``, block-relative) into its
         block of ``blocks``, node-shared averaged grads every rank reads whole once all are written: the owners'
         all-reduce, each element summed and decoded once on the host instead of once on every rank."""
-        self.grad_blocks, self.averaged = blocks, segments
+        self.grad_blocks, self.decoded_segments = blocks, segments
 
     @property
     def _averaged_numel(self) -> int:
@@ -309,7 +312,7 @@ class GroupGradients:
         wire = reduction.wire_dtype
         total = self.reduced if self.reduced is not None else self.xp.zeros(self._averaged_numel, dtype=wire)
         shifts = [0 if p is None else p.k - k for p, k in zip(used, chosen)]
-        reduction.rescale(total, self.averaged, shifts)
+        reduction.rescale(total, self.decoded_segments, shifts)
         if any(any_kept):
             buffer = self.xp.empty(self.partition.padded_numel, dtype=wire)
             reduction.encode_kept(buffer, self.kept, self.layout.specs, chosen, exact.INF_BITS)
@@ -319,7 +322,7 @@ class GroupGradients:
         shard = self.place.decode_target()
         decoded = shard if self.grad_blocks is None else self.grad_blocks.own
         decoded[...] = 0
-        for index, lo, hi in self.averaged:
+        for index, lo, hi in self.decoded_segments:
             reduction.decode(total[lo:hi], chosen[index], count, decoded[lo:hi])
         if self.grad_blocks is not None:
             collectives.decoded_in_place(self.grad_blocks)

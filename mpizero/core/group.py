@@ -136,11 +136,12 @@ class FlatGroup:
         """Multiply the averaged grad shard by ``factor`` (clipping); node-shared grads each rank scales its block
         of, between two waits for every rank (collective there): reads of the unscaled grads end before the first,
         writes before the second."""
-        blocks, grad = self.gradients.grad_blocks, self.grad_shard
+        blocks = self.gradients.grad_blocks
         if blocks is None:
+            grad = self.grad_shard
             grad *= factor
             return
-        collectives.decoded_in_place(blocks)
+        collectives.end_reads_in_place(blocks)
         blocks.own *= factor
         collectives.decoded_in_place(blocks)
 
@@ -202,8 +203,11 @@ class FlatGroup:
         return self.grad_shard if name == GRAD else self.states()[name]
 
     def set_state(self, name: str, values) -> None:
-        """Set state ``name`` over the owned range from full float32 host tensors by name (copied to the device
-        explicitly where the group lives there)."""
+        """Set state ``name`` (the master or an optimizer state; the grad shard is the step's own) over the owned
+        range from full float32 host tensors by name (copied to the device explicitly where the group lives
+        there)."""
+        if name == GRAD:
+            raise ValueError("the averaged grad shard is set by the step's reduction, not by set_state")
         start, stop = self.owned_range
         target = self.state_buffer(name)
         for _, spec, lo, hi in self.layout.overlaps(start, stop):

@@ -63,6 +63,8 @@ class Stream:
         """The stream another library made, handed over by the CUDA stream protocol (``obj.__cuda_stream__()``:
         version, pointer), as CuPy 14 takes it."""
         version, ptr = obj.__cuda_stream__()
+        if version != 0:
+            raise TypeError(f"__cuda_stream__ version {version} is not supported (0 is)")
         return ExternalStream(ptr)
 
     def synchronize(self) -> None:

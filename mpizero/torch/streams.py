@@ -87,6 +87,7 @@ class TorchStream:
             key = id(array)
             self.lent[key] = tensor
             weakref.finalize(array, self.lent.pop, key, None)
+            record_stream(tensor, self.device)  # made on another stream than this entry's: read here too
         return array
 
     def order_forward(self, model: torch.nn.Module, outside_graphs) -> None:
