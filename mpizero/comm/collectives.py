@@ -39,6 +39,10 @@ from mpizero.comm.pending import Pending
 from mpizero.comm.shared import NodeBlocks, OwnerSums, SharedArena, address_space_limit, window_room_problem
 from mpizero.comm.transports import STAGING_ENV_VAR, Router, requested_staging
 
+# The most node-shared windows one ``node_blocks`` call makes (one a group): MPICH holds about 2,040 windows a process
+# (measured: stage 0, an arena and a grads window a group, failed at 1,100 groups), and stage 0 keeps an arena a group
+# besides; past it each rank keeps its own buffers, as off one host.
+MAX_BLOCK_WINDOWS = 512
 WIRE_VIEWS = {"bfloat16": np.uint16, "float16": np.uint16}
 
 
@@ -172,10 +176,10 @@ class Collectives:
     def node_blocks(self, numels: list[int], dtype, what: str) -> list[NodeBlocks] | None:
         """For each of ``numels``, node-shared blocks of that many elements per rank whose ``whole`` is every
         rank's blocks in one array (collective: a few agreements however many), for buffers every rank reads in
-        place (``what``: stage 3's full params, stage 0's averaged grads); None unless on ``_one_host``, no rank has
-        an address-space limit, the shared memory has room for all, and the MPI library laid every rank's blocks
-        out one after another (MPI's default)."""
-        if not self._one_host or self._address_space_limited:
+        place (``what``: stage 3's full params, stage 0's averaged grads); None unless on ``_one_host``, for at
+        most ``MAX_BLOCK_WINDOWS`` groups, no rank has an address-space limit, the shared memory has room for all,
+        and the MPI library laid every rank's blocks out one after another (MPI's default)."""
+        if not self._one_host or len(numels) > MAX_BLOCK_WINDOWS or self._address_space_limited:
             return None
         problem = window_room_problem(sum(numels) * np.dtype(dtype).itemsize * self.node.Get_size())
         if agree.said_by_any(self, problem, f"room for node-shared {what}") is not None:
