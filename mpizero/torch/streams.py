@@ -67,17 +67,16 @@ class TorchStream:
         if self.xp is np:
             return contextlib.nullcontext()
         stream = external_stream(self.xp, torch_stream_pointer(self.device))
-        if self.last is not None and self.last.ptr != stream.ptr:
-            for tensor in self.lent.values():
-                record_stream(tensor, self.device)
         self.follow(stream)
         return stream
 
     def follow(self, stream) -> None:
         """Order ``stream``'s later work after the engine's work queued so far on the stream it was last entered on,
-        if that was another."""
+        if that was another, and record every lent tensor on it (torch's current stream: ``stream``)."""
         if self.last is not None and self.last.ptr != stream.ptr:
             stream.wait_event(self.last.record())
+            for tensor in self.lent.values():
+                record_stream(tensor, self.device)
         self.last = stream
 
     def lend(self, tensor: torch.Tensor, array):
