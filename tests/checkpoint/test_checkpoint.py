@@ -45,6 +45,13 @@ def started_with(tag: str) -> list[str]:
     return found
 
 
+def exec_finished(pid: int, wait: float = 10.0) -> None:
+    """Wait until ``pid`` shows its command line: Popen can return while exec is still laying out the new one."""
+    deadline = time.monotonic() + wait
+    while not Path(f"/proc/{pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def survivors(tag: str, wait: float = 10.0) -> list[str]:
     """Processes of the launch marked ``tag`` still alive after ``wait`` seconds (none may outlive a killed rank)."""
     deadline = time.monotonic() + wait
@@ -104,6 +111,8 @@ def test_the_survivor_check_sees_our_ranks_and_nothing_else():
     ours = subprocess.Popen(["sleep", "30"], env={**os.environ, **env})
     other = subprocess.Popen(["sleep", "31"])
     try:
+        for proc in (ours, other):
+            exec_finished(proc.pid)
         assert started_with(tag) == ["sleep 30 "]
     finally:
         for proc in (ours, other):
