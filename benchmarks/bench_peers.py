@@ -94,8 +94,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--bandwidth-mib", type=int, default=1024, help="size of each bandwidth array, MiB")
     parser.add_argument("--chart", default=None, help="also draw step time and peak RSS per configuration (PNG)")
     parser.add_argument(
-        "--profile", type=int, default=0, metavar="TOP", help="print rank 0's profile of each run, TOP functions"
+        "--profile", type=int, default=0, metavar="TOP", help="print one rank's profile of each run, TOP functions"
     )
+    parser.add_argument("--profile-rank", type=int, default=0, help="the rank --profile profiles (default 0)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--result-file", default=None, help=argparse.SUPPRESS)  # where a worker's rank 0 writes
     args = parser.parse_args()
@@ -147,11 +148,12 @@ def current_rss() -> int:
 
 
 def timed_steps(args, comm_barrier, step_fn) -> list[float]:
-    """Each step's seconds on this rank; with ``--profile``, rank 0 profiles the steps after warm-up and writes
-    the table beside its result file."""
+    """Each step's seconds on this rank; with ``--profile``, rank ``--profile-rank`` profiles the steps after
+    warm-up and writes the table beside the result file."""
     times = []
-    rank0 = int(os.environ.get("PMI_RANK", "0")) == 0
-    profile = cProfile.Profile() if args.profile and rank0 else None
+    rank = int(os.environ.get("PMI_RANK", "0"))
+    rank0 = rank == 0
+    profile = cProfile.Profile() if args.profile and rank == args.profile_rank else None
     for step in progress(range(1, args.steps + 1), args.worker, show=rank0):  # stderr, every 5 s
         comm_barrier()
         start = time.perf_counter()
@@ -159,7 +161,9 @@ def timed_steps(args, comm_barrier, step_fn) -> list[float]:
             step_fn(step)
         times.append(time.perf_counter() - start)
     if profile:
-        Path(args.result_file + ".profile").write_text(step_profile.table(profile, args.steps - WARMUP, args.profile))
+        Path(args.result_file + ".profile").write_text(
+            step_profile.table(profile, args.steps - WARMUP, args.profile, rank)
+        )
     return times
 
 
@@ -339,8 +343,8 @@ def run_config(args, config: str, micro_batches: int) -> dict:
     """Run ``config`` at ``micro_batches`` per rank in its own ``mpiexec`` job; return rank 0's result."""
     result_file = Path(tempfile.mkdtemp(prefix="bench_peers.")) / "result.json"
     command = [*python_under_mpiexec(args.ranks, str(HERE)), "--worker", config, "--result-file", str(result_file)]
-    for option in ("model", "width", "layers", "batch", "seq", "steps", "profile"):
-        command += [f"--{option}", str(getattr(args, option))]
+    for option in ("model", "width", "layers", "batch", "seq", "steps", "profile", "profile_rank"):
+        command += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     command += ["--micro-batches", str(micro_batches)]
     env = {
         **os.environ,

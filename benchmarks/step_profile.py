@@ -33,8 +33,8 @@ def area(filename: str, name: str) -> str:
     return "other (Python, builtins)"
 
 
-def table(profile: cProfile.Profile, steps: int, top: int) -> str:
-    """Own time per step by area, then the ``top`` functions by own time, in ms per step."""
+def table(profile: cProfile.Profile, steps: int, top: int, rank: int = 0) -> str:
+    """Own time per step by area, then the ``top`` functions by own time, in ms per step, of rank ``rank``."""
     stats = pstats.Stats(profile).stats
     by_area: dict[str, float] = defaultdict(float)
     rows = []
@@ -42,7 +42,7 @@ def table(profile: cProfile.Profile, steps: int, top: int) -> str:
         by_area[area(filename, name)] += own
         rows.append((own, calls, f"{filename.rsplit('/', 2)[-1] if filename != '~' else ''}:{line} {name}"))
     total = sum(by_area.values())
-    lines = [f"profile of rank 0, {steps} steps: {total / steps * 1e3:.1f} ms a step", "own ms/step  area"]
+    lines = [f"profile of rank {rank}, {steps} steps: {total / steps * 1e3:.1f} ms a step", "own ms/step  area"]
     lines += [f"{t / steps * 1e3:>11.1f}  {a}" for a, t in sorted(by_area.items(), key=lambda kv: -kv[1])]
     lines += ["own ms/step  calls/step  function"]
     for own, calls, where in sorted(rows, reverse=True)[:top]:

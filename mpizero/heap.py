@@ -4,8 +4,8 @@ Used by ``mpizero.torch`` after each backward pass and step, and by the NumPy tr
 gradients and gathered units, allocated and freed each micro-batch, would otherwise leave every heap page they
 ever touched resident. Trimming after every backward makes each micro-batch's gradients fault their pages in
 again, so the heap is trimmed only once it has grown by ``GROWTH`` since the last trim (glibc's ``mallinfo2``).
-Where the C library has no ``malloc_trim`` (macOS, musl) nothing is done. Why this threshold, measured:
-``benchmarks/results/heap_trim.txt``.
+``mpizero.torch`` also turns glibc's own trimming on ``free`` off (``keep_freed_blocks``). Where the C
+library has no ``malloc_trim`` (macOS, musl) nothing is done. Why, measured: ``benchmarks/results/heap_trim.txt``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from mpizero import libc
 
 GROWTH = 64 << 20  # bytes the heap may grow by before it is trimmed
 _last_size = [0]  # the heap's size after the last trim
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (glibc's malloc.h)
+HEAP_BLOCKS_UP_TO = 32 << 20  # glibc's largest mmap threshold on 64 bits: blocks up to this come from the heap
+NO_TRIM_ON_FREE = 2**31 - 1  # mallopt's largest value: free() never trims the heap's top itself
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -28,6 +31,18 @@ def heap_bytes() -> int | None:
     """The main heap's size now (glibc), or None where it cannot be read."""
     info = libc.function("mallinfo2", (), _Mallinfo2)
     return None if info is None else int(info().arena)
+
+
+def keep_freed_blocks() -> bool:
+    """Have glibc keep freed blocks of up to 32 MiB in the heap for the next allocation, and trim only through
+    ``release_if_grown``; whether it could (glibc). By default its mmap threshold adapts and ``free`` trims the
+    heap's top beyond twice it, so a micro-batch's full-size gradients, freed there, are handed back and fault
+    their pages in again the next micro-batch (process-wide, as trimming is; measured in
+    ``benchmarks/results/heap_trim.txt``)."""
+    mallopt = libc.function("mallopt", (ctypes.c_int, ctypes.c_int), ctypes.c_int)
+    if mallopt is None or heap_bytes() is None:  # another C library's mallopt numbers its settings otherwise
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, HEAP_BLOCKS_UP_TO)) and bool(mallopt(M_TRIM_THRESHOLD, NO_TRIM_ON_FREE))
 
 
 def release_if_grown() -> bool:

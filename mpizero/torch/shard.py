@@ -65,10 +65,11 @@ def shard(
     the parameters is warned of). A model built on the meta device (``with torch.device("meta"):``) is
     materialized one module at a time, each rank keeping only what it holds, by each module's
     ``reset_parameters()`` or by ``init(module)`` (see ``meta``). ``trim_heap``: hand the C heap's free pages back
-    to the OS when it grew (see ``heap``; not where the parameters live on a GPU). ``seed``: what
-    ``micro_batch(i)`` seeds torch's generators from, with the step and ``i`` (default: ``torch.initial_seed()``,
-    the same on every rank). ``settings`` are the engine's (``reduction``, ``param_dtype``, ``clip_norm``,
-    ``on_nonfinite``, ...); ``watchdog`` defaults to 600 seconds (None turns it off).
+    to the OS when it grew, and keep glibc from doing so on every ``free`` (see ``heap``; not where the
+    parameters live on a GPU). ``seed``: what ``micro_batch(i)`` seeds torch's generators from, with the step
+    and ``i`` (default: ``torch.initial_seed()``, the same on every rank). ``settings`` are the engine's
+    (``reduction``, ``param_dtype``, ``clip_norm``, ``on_nonfinite``, ...); ``watchdog`` defaults to 600 seconds
+    (None turns it off).
     """
     if any(habits.owner_of(p) is not None for p in model.parameters()):
         raise ZeroError("this model is sharded already (shard() was called on it): shard a model once")
@@ -114,6 +115,8 @@ class ShardedModel:
             if meta:
                 meta.finish()
             self.run = checkpoints.run_identity(self.engine)
+            if self._trims_heap:
+                heap.keep_freed_blocks()
             agree.raise_unless_equal(self.engine.collectives, {"the seed micro_batch() keys randomness to": seed})
             self.announcer = Announcer(self.engine.collectives)
             self.buffers = BufferSync(model, self.engine.collectives, self.torch_stream.around)
@@ -167,9 +170,14 @@ class ShardedModel:
         self.grad_view.guard()
         self._trim()
 
+    @property
+    def _trims_heap(self) -> bool:
+        """Whether this model hands the C heap's free pages back (``trim_heap``, gradients and params on the host)."""
+        return self.trim_heap and self.engine.groups[0].xp is np
+
     def _trim(self) -> None:
-        """Hand the C heap's free pages back when it grew, where the gradients and params live on the host."""
-        if self.trim_heap and self.engine.groups[0].xp is np:
+        """Hand the C heap's free pages back when it grew."""
+        if self._trims_heap:
             heap.release_if_grown()
 
     def last_backward(self) -> None:

@@ -7,7 +7,7 @@ import weakref
 
 import numpy as np
 import pytest
-from mpirun import run_mpi_ok
+from mpirun import run_mpi_ok, run_python
 
 torch = pytest.importorskip("torch", reason="mpizero.torch needs torch: add its CPU build (docs/getting-started.md)")
 import torch_user_models as users  # noqa: E402
@@ -231,7 +231,8 @@ def test_stage_3_refills_full_params_still_held_instead_of_allocating_more(monke
 def test_the_heap_is_trimmed_after_a_backward_or_step_only_when_it_grew(monkeypatch, trim_heap, standin):
     """Where the gradients and params live on a device (the stand-in's), the host heap is never trimmed."""
     monkeypatch.setattr(tensors, "STANDIN", standin)
-    calls, size = [], [0]
+    calls, size, kept = [], [0], []
+    monkeypatch.setattr(heap, "keep_freed_blocks", lambda: kept.append(True) or True)
     monkeypatch.setattr(heap, "release_free_pages", lambda: calls.append(size[0]) or True)
     monkeypatch.setattr(heap, "heap_bytes", lambda: size[0])
     monkeypatch.setattr(heap, "_last_size", [0])
@@ -243,6 +244,35 @@ def test_the_heap_is_trimmed_after_a_backward_or_step_only_when_it_grew(monkeypa
         users.loss("mlp", model(x), y).backward()
     zero.step()
     assert calls == ([heap.GROWTH] if trim_heap and not standin else [])  # once, when it had grown by GROWTH
+    assert kept == ([True] if trim_heap and not standin else [])  # glibc's own trimming turned off once
+
+
+REALLOCATE = """
+import resource, sys
+import numpy as np
+from mpizero import heap
+if sys.argv[1] == "keep":
+    assert heap.keep_freed_blocks()
+for _ in range(2):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    blocks = [np.ones(4 << 20, np.float32) for _ in range(4)]  # a backward's four 16 MiB gradients, freed
+    del blocks
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_freed_gradient_sized_blocks_are_reused_without_faulting_their_pages_in_again():
+    """glibc alone trims the freed blocks from its heap's top, so the next micro-batch's faults them in again."""
+    if heap.heap_bytes() is None:
+        pytest.skip("the C library is not glibc: its heap settings are its own")
+
+    def faults(how: str) -> int:
+        done = run_python(["-c", REALLOCATE, how], timeout=60)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout)
+
+    assert faults("keep") < 100, "the second round faulted the first round's freed pages in again"
+    assert faults("glibc") > 500  # without it they are (so the check above could fail)
 
 
 def test_releasing_free_pages_shrinks_a_fragmented_heap():
