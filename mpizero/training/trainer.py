@@ -165,6 +165,7 @@ class Trainer:
             if batch is not None:
                 dout, unit_grads = units[u].backward(dout, caches[u], params)
                 grads.update(as_contribution(unit_grads, self.precision, self.loss_scale))
+                del unit_grads  # else the next unit's backward runs beside this unit's gradients, handed in by then
             self._release(u)
             for g in self.groups_of_unit[u]:
                 if self.last_unit_of_group[g] == u:
