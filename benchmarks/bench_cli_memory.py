@@ -4,9 +4,9 @@ Run: python benchmarks/bench_cli_memory.py [--ranks 4] [train's options; default
 --width 4096 --layers 5, the 67M-parameter MLP]
 Each rank runs ``train`` in-process beside a thread that reads ``/proc/self/smaps_rollup`` every 5 ms and keeps
 the largest Pss (each page divided among the processes mapping it, so the node-shared blocks count once on the
-host) and RSS (every rank's blocks this one maps, in full). The table sets the Pss peak beside the engine's peak
-total plus the RSS before set-up plus ``ALLOWANCE``, the trainer's own (one unit's full-size gradient and the
-activations): "over" is what that sum leaves unaccounted for. Linux only.
+host) and RSS (every rank's blocks this one maps, in full). The table sets the Pss peak of the steps beside the
+engine's peak total plus the Pss before set-up plus ``ALLOWANCE``, the trainer's own (one unit's full-size
+gradient and the activations): "over" is what that sum leaves unaccounted for. Linux only.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
-import os
 import runpy
 import subprocess
 import sys
@@ -43,17 +42,18 @@ def rollup() -> dict[str, int]:
 
 def worker(out: str, train_args: list[str]) -> None:
     """Run ``train`` here while a thread keeps the Pss and RSS peaks; write them to ``out`` on exit, with the Pss
-    peak as of each time ``train`` read its peak RSS (before set-up, after the steps, for the report)."""
+    peak as of each time ``train`` reads its peak RSS (before set-up, after the steps)."""
+    from mpi4py import MPI
+
     from mpizero.cli import train
 
-    peak = {"pss": 0, "rss": 0, "pss_at_readings": []}
+    peak = {"pss": 0, "rss": 0}
+    pss_at_readings = []
     read_peak_rss = train.peak_rss_bytes
 
     def reading() -> int:
-        peak["pss_at_readings"].append(max(peak["pss"], rollup()["Pss"]))
+        pss_at_readings.append(max(peak["pss"], rollup()["Pss"]))
         return read_peak_rss()
-
-    train.peak_rss_bytes = reading
 
     def sample() -> None:
         while True:
@@ -61,9 +61,13 @@ def worker(out: str, train_args: list[str]) -> None:
             peak["pss"], peak["rss"] = max(peak["pss"], sizes["Pss"]), max(peak["rss"], sizes["Rss"])
             time.sleep(0.005)
 
+    def write() -> None:
+        found = {**peak, "pss_at_readings": pss_at_readings}
+        Path(out, f"rank{MPI.COMM_WORLD.Get_rank()}.json").write_text(json.dumps(found))
+
+    train.peak_rss_bytes = reading
     threading.Thread(target=sample, daemon=True).start()
-    rank = os.environ.get("PMI_RANK", "0")
-    atexit.register(lambda: Path(out, f"rank{rank}.json").write_text(json.dumps(peak)))
+    atexit.register(write)
     sys.argv = ["mpizero", "train", *train_args]
     runpy.run_module("mpizero", run_name="__main__")
 
@@ -85,16 +89,18 @@ def main() -> None:
             sys.exit(f"train failed:\n{done.stdout}\n{done.stderr}")
         ranks = json.loads(report.read_text())["ranks"]
         peaks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(args.ranks)]
-    print(f"python -m mpizero train {' '.join(train_args)} at -n {args.ranks}; MiB a rank")
-    print("(the steps: up to train's peak-RSS reading after them; the run: evaluation and the report too)")
-    print("rank  RSS before  engine peak  allowance    sum  steps' peak Pss   over  run's peak Pss  peak RSS  others'")
+    print(f"python -m mpizero train {' '.join(train_args)} at -n {args.ranks}; MiB a rank. Pss: each page divided")
+    print("among its mappers; the steps: up to train's reading of peak RSS after them; the run: evaluation too.")
+    print("rank  before set-up: RSS  Pss  engine peak  allowance  sum (Pss)  steps' peak Pss   over  run's peak Pss"
+          "  peak RSS  others' blocks")  # fmt: skip
     for r, (row, peak) in enumerate(zip(ranks, peaks)):
-        total = row["rss_baseline"] + row["peak_total"] + ALLOWANCE
-        steps = peak["pss_at_readings"][1]
+        before_setup, after_steps = peak["pss_at_readings"]  # train reads its peak RSS twice (cli/train.py)
+        total = before_setup + row["peak_total"] + ALLOWANCE
         print(
-            f"{r:>4}  {row['rss_baseline'] / MIB:>10.1f}  {row['peak_total'] / MIB:>11.1f}  {ALLOWANCE / MIB:>9.0f}"
-            f"  {total / MIB:>5.0f}  {steps / MIB:>15.1f}  {(steps - total) / MIB:>5.1f}  {peak['pss'] / MIB:>14.1f}"
-            f"  {peak['rss'] / MIB:>8.1f}  {row['mapped'] / MIB:>7.1f}"
+            f"{r:>4}  {row['rss_baseline'] / MIB:>18.1f}  {before_setup / MIB:>4.1f}  {row['peak_total'] / MIB:>11.1f}"
+            f"  {ALLOWANCE / MIB:>9.0f}  {total / MIB:>9.1f}  {after_steps / MIB:>15.1f}"
+            f"  {(after_steps - total) / MIB:>5.1f}  {peak['pss'] / MIB:>14.1f}  {peak['rss'] / MIB:>8.1f}"
+            f"  {row['mapped'] / MIB:>14.1f}"
         )
 
 

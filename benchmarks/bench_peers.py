@@ -104,6 +104,8 @@ def parse() -> argparse.Namespace:
         setattr(args, option, default if getattr(args, option) is None else getattr(args, option))
     if args.steps <= WARMUP:
         parser.error(f"--steps {args.steps}: at least {WARMUP + 1} (the first {WARMUP} are warm-up)")
+    if not 0 <= args.profile_rank < args.ranks:
+        parser.error(f"--profile-rank {args.profile_rank}: a rank of --ranks {args.ranks} (0 to {args.ranks - 1})")
     return args
 
 

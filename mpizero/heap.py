@@ -18,7 +18,7 @@ GROWTH = 64 << 20  # bytes the heap may grow by before it is trimmed
 _last_size = [0]  # the heap's size after the last trim
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (glibc's malloc.h)
 HEAP_BLOCKS_UP_TO = 32 << 20  # glibc's largest mmap threshold on 64 bits: blocks up to this come from the heap
-NO_TRIM_ON_FREE = 2**31 - 1  # mallopt's largest value: free() never trims the heap's top itself
+NO_TRIM_ON_FREE = -1  # M_TRIM_THRESHOLD's "never": free() leaves the heap's top alone (mallopt(3))
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -35,14 +35,17 @@ def heap_bytes() -> int | None:
 
 def keep_freed_blocks() -> bool:
     """Have glibc keep freed blocks of up to 32 MiB in the heap for the next allocation, and trim only through
-    ``release_if_grown``; whether it could (glibc). By default its mmap threshold adapts and ``free`` trims the
-    heap's top beyond twice it, so a micro-batch's full-size gradients, freed there, are handed back and fault
-    their pages in again the next micro-batch (process-wide, as trimming is; measured in
-    ``benchmarks/results/heap_trim.txt``)."""
+    ``release_if_grown`` (or ``release_free_pages``); whether it could (glibc). By default its mmap threshold
+    adapts and ``free`` trims the heap's top beyond twice it, so a micro-batch's full-size gradients, freed
+    there, are handed back and fault their pages in again the next micro-batch. Process-wide and for good, as
+    trimming is: a large transient elsewhere (an evaluation) stays resident until the next trim
+    (``benchmarks/results/heap_trim.txt``)."""
     mallopt = libc.function("mallopt", (ctypes.c_int, ctypes.c_int), ctypes.c_int)
-    if mallopt is None or heap_bytes() is None:  # another C library's mallopt numbers its settings otherwise
+    if mallopt is None or heap_bytes() is None:  # not glibc 2.33 or later: ``release_if_grown`` trims every time
         return False
-    return bool(mallopt(M_MMAP_THRESHOLD, HEAP_BLOCKS_UP_TO)) and bool(mallopt(M_TRIM_THRESHOLD, NO_TRIM_ON_FREE))
+    kept = mallopt(M_MMAP_THRESHOLD, HEAP_BLOCKS_UP_TO)
+    untrimmed = mallopt(M_TRIM_THRESHOLD, NO_TRIM_ON_FREE)
+    return bool(kept) and bool(untrimmed)
 
 
 def release_if_grown() -> bool:

@@ -46,9 +46,9 @@ def started_with(tag: str) -> list[str]:
 
 
 def exec_finished(pid: int, wait: float = 10.0) -> None:
-    """Wait until ``pid`` shows its command line: Popen can return while exec is still laying out the new one."""
+    """Wait until ``pid`` shows its environment: Popen can return while exec is still laying out the new one."""
     deadline = time.monotonic() + wait
-    while not Path(f"/proc/{pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+    while not Path(f"/proc/{pid}/environ").read_bytes() and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
