@@ -154,9 +154,8 @@ def timed_steps(args, comm_barrier, step_fn) -> list[float]:
     warm-up and writes the table beside the result file."""
     times = []
     rank = int(os.environ.get("PMI_RANK", "0"))
-    rank0 = rank == 0
     profile = cProfile.Profile() if args.profile and rank == args.profile_rank else None
-    for step in progress(range(1, args.steps + 1), args.worker, show=rank0):  # stderr, every 5 s
+    for step in progress(range(1, args.steps + 1), args.worker, show=rank == 0):  # stderr, every 5 s
         comm_barrier()
         start = time.perf_counter()
         with profile if profile and step > WARMUP else contextlib.nullcontext():

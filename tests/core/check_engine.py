@@ -100,13 +100,15 @@ def check_groups_past_the_window_cap_keep_their_own_grads():
     """Past ``MAX_BLOCK_WINDOWS`` groups (MPICH runs out of windows a process: one a group segfaulted at 1,100 at
     stage 0) each rank sums and decodes every gradient itself, as off one host: no node-shared grads, same bytes."""
     digests, cap = [], collectives.MAX_BLOCK_WINDOWS
-    for most in (cap, len(GROUPS) - 1):
-        collectives.MAX_BLOCK_WINDOWS = most
-        engine, _ = train(0, Adam(lr=1e-2), steps=2)
-        shared = engine.collectives.shared and most >= len(GROUPS)
-        assert [g.gradients.grad_blocks is not None for g in engine.groups] == [shared] * len(GROUPS), most
-        digests.append(b"".join(v.tobytes() for v in engine.master_params().values()))
-    collectives.MAX_BLOCK_WINDOWS = cap
+    try:
+        for most in (cap, len(GROUPS) - 1):
+            collectives.MAX_BLOCK_WINDOWS = most
+            engine, _ = train(0, Adam(lr=1e-2), steps=2)
+            shared = engine.collectives.shared and most >= len(GROUPS)
+            assert [g.gradients.grad_blocks is not None for g in engine.groups] == [shared] * len(GROUPS), most
+            digests.append(b"".join(v.tobytes() for v in engine.master_params().values()))
+    finally:
+        collectives.MAX_BLOCK_WINDOWS = cap
     assert digests[0] == digests[1]
 
 
