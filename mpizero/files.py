@@ -205,8 +205,7 @@ def space_problems(needs: list[tuple[str, str, int]]) -> list[str]:
     parts: dict[int, dict[str, int]] = {}
     free: dict[int, int] = {}
     for flag, path, nbytes in needs:
-        existing = _existing(path)
-        device, info = os.stat(existing).st_dev, os.statvfs(existing)
+        device, info = _file_system(path)
         free[device] = info.f_bavail * info.f_frsize
         named = parts.setdefault(device, {})
         named[f"{flag} {path}"] = named.get(f"{flag} {path}", 0) + nbytes
@@ -216,6 +215,17 @@ def space_problems(needs: list[tuple[str, str, int]]) -> list[str]:
         for device, named in parts.items()
         if sum(named.values()) > free[device]
     ]
+
+
+def _file_system(path: str) -> tuple[int, os.statvfs_result]:
+    """The device and ``statvfs`` of the file system ``path`` is (or would be made) on, from its nearest existing
+    ancestor, looked up again if that vanishes meanwhile (another rank's trial save makes and removes folders)."""
+    while True:
+        existing = _existing(path)
+        try:
+            return os.stat(existing).st_dev, os.statvfs(existing)
+        except FileNotFoundError:
+            continue
 
 
 def _existing(path: str) -> str:

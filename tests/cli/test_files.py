@@ -60,6 +60,23 @@ def test_free_space_is_summed_per_file_system(tmp_path):
     assert problem.startswith(expected + f"file system: about {free + 3:,} bytes needed together"), problem
 
 
+def test_free_space_is_read_where_a_folder_went_meanwhile(tmp_path, monkeypatch):
+    """Another rank's trial save makes a checkpoint folder and removes it: a path under it, found existing and
+    gone before its file system is read, is looked up again from its nearest ancestor (it failed in CI)."""
+    trial = tmp_path / "ckpt"
+    trial.mkdir()
+    statvfs = os.statvfs
+
+    def vanishing(path):
+        if os.fspath(path) == str(trial):
+            trial.rmdir()
+        return statvfs(path)
+
+    monkeypatch.setattr(os, "statvfs", vanishing)
+    assert files.space_problems([("--checkpoint-dir", str(trial), 1)]) == []
+    assert not trial.exists()
+
+
 def test_every_ranks_path_problems_are_said_once_naming_the_ranks_only_they_have():
     found = [["a"], ["a", "b"], ["b", "c"]]
     assert outputs.on_every_rank(found) == ["a", "ranks [1, 2]: b", "rank 2: c"]
