@@ -114,8 +114,8 @@ def _grad_bytes(setup: Setup, plan: ShardPlan) -> int:
 
 
 def _master_bytes(setup: Setup, plan: ShardPlan) -> int:
-    """One group's separate fp32 master shard (none where it is the param shard itself, stage 3 in float32)."""
-    return 0 if plan.master_is_param_shard(setup.param_bytes) else span(plan.owned_range) * 4
+    """One group's separate fp32 master shard (none where it is the params themselves: float32 at stages 0 and 3)."""
+    return 0 if plan.master_is_params(setup.param_bytes) else span(plan.owned_range) * 4
 
 
 def _comm_bytes(setup: Setup, plans: list[tuple[ShardPlan, int]]) -> int:

@@ -17,8 +17,9 @@ Glossary (these names and no others):
   stage 0 on one host the averaged grads are node-shared (``grad blocks``):
   each rank decodes its block, and reads every rank's in place.
 - master shard: float32 parameters over the owned range; the optimizer's copy.
-  At stage 3 with float32 params it is the param shard itself (one buffer,
-  ``ShardPlan.master_is_param_shard``): the update writes the params directly.
+  With float32 params at stage 0 it is the full params themselves, at stage 3
+  the param shard (one buffer, ``ShardPlan.master_is_params``): the update
+  writes the params directly.
 - optimizer state shard: the optimizer's buffers over the owned range.
 - padding: the zeros after the last tensor; they stay zero through every update.
 - place (``states``): where the master, optimizer state and grad shards live,
@@ -109,7 +110,7 @@ class FlatGroup:
             self.full_params = to_held(held, self.held_dtype)
             self.param_shard = self.full_params[shard_start:shard_stop]
             self.state = ParamState.UNSHARDED
-        self.shares_master = plan.master_is_param_shard(self.param_dtype.itemsize)
+        self.shares_master = plan.master_is_params(self.param_dtype.itemsize)
         owned = held[start - held_start : stop - held_start]
         states = {} if self.shares_master else {"master": owned.copy()}  # fp32, over the owned range
         self.place = InMemory(states, xp.zeros(stop - start, dtype=np.float32))
@@ -148,11 +149,17 @@ class FlatGroup:
     def states(self) -> Mapping:
         """The master shard (``master``) and each optimizer state shard, by name: in memory, read in for an update,
         or mapped from the offload file as each is used."""
-        return self.place.states({"master": self.param_shard} if self.shares_master else {})
+        return self.place.states({"master": self._owned_params} if self.shares_master else {})
+
+    @property
+    def _owned_params(self):
+        """The params this rank holds over its owned range, where they are the master (``shares_master``): the
+        param shard at stage 3, the full params at stage 0."""
+        return self.param_shard if self.plan.gathers_params else self.full_params
 
     @property
     def master_shard(self):
-        """The fp32 master params over the owned range (the param shard itself where ``shares_master``)."""
+        """The fp32 master params over the owned range (the params themselves where ``shares_master``)."""
         return self.states()["master"]
 
     @property
@@ -303,7 +310,8 @@ class FlatGroup:
         """Copy the master shard into the parameters every rank will use next."""
         publish = self.plan.publish
         if publish is Publish.COPY_FULL:
-            to_held(self.master_shard, self.held_dtype, out=self.full_params)
+            if not self.shares_master:
+                to_held(self.master_shard, self.held_dtype, out=self.full_params)
             return
         if not self.shares_master:
             to_held(self.master_shard, self.held_dtype, out=self.param_shard)

@@ -115,10 +115,12 @@ class ShardPlan:
         """Whether full params exist only between a gather and a release."""
         return self.sharding.params
 
-    def master_is_param_shard(self, param_bytes: int) -> bool:
-        """Whether the master shard is the param shard itself (stage 3, float32 params): both hold the same
-        values after every publish, so one buffer serves as both and the optimizer updates the params in place."""
-        return self.sharding.params and param_bytes == 4
+    def master_is_params(self, param_bytes: int) -> bool:
+        """Whether the master is the float32 params this rank holds over its owned range: the full params where
+        the optimizer is not sharded (stage 0), the param shard where the params are (stage 3). Both would hold
+        the same values after every publish, so one buffer serves as both and the optimizer updates the params in
+        place. At stages 1-2 the owned range is a shard of full params that the all-gather rewrites."""
+        return param_bytes == 4 and (self.sharding.params or not self.sharding.optimizer)
 
     @property
     def shares_averaged_grads(self) -> bool:

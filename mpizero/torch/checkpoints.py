@@ -69,7 +69,7 @@ def load(zero, path: str, overrides, scheduler) -> dict:
     if scheduler is not None:
         scheduler.load_state_dict(training["scheduler"])
     zero.run = training["run"]
-    zero.binder.edited_in_place.clear()  # the masters are set anew: an edit made in place is gone
+    zero.edits.loaded()
     zero.show_masters()
     return training
 

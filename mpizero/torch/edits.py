@@ -4,16 +4,23 @@ Between steps a sharded model's parameters change only through ``step()``,
 ``gathered(writeback=True)``, ``load_state_dict()`` and ``zero.load()``. Any
 other edit (an in-place op under ``no_grad``, ``nn.init``, a write through
 ``.data`` or ``.detach()``, a new ``.data``) would be computed with at stages
-0-2 and reach only the piece of the masters each rank owns at stages 1-2
-(none at stage 0), and at stage 3 act on an empty placeholder; a
+0-2 and reach only the piece of the masters each rank owns at stages 1-2,
+this rank's masters at stage 0 in float32 (the module's tensors are the
+masters there), and at stage 3 act on an empty placeholder; a
 ``requires_grad`` turned on or off would leave a parameter untrained, or
 updated without the gradients it no longer gets. So the next ``step()`` refuses every
 such edit with the same error on every rank, naming the parameters, and so
 does every step after it until ``gathered()`` or a load shows the masters
-again (a refused edit is still shown). An exception that leaves ``gathered()``
-on some rank drops the block's edit there at once, at every stage, and that
-rank's next steps are refused until the masters are shown again: it cannot
-tell the others, which may have written theirs back.
+again (a refused edit is still shown; gradients computed with it before
+``gathered()`` dropped it are refused too). An edit that reached the masters
+themselves, stage 0's in float32 (the module's tensors are the masters) or
+stage 3's inside a forward, only a load undoes, or, at stage 0, a writeback
+every rank agrees on; until then, at stage 0, whatever reads the masters out or
+shows them (``gathered()``, ``state_dict()``, ``master_params()``, ``save()``)
+refuses it too. An exception that leaves ``gathered()`` on some rank drops the
+block's edit there at once, at every stage, and that rank's next steps are
+refused until the masters are shown again: it cannot tell the others, which
+may have written theirs back.
 
 What gives an edit away: the parameter's version counter (torch counts every
 in-place op on it and on its detached aliases), the tensor its ``.data`` is,
@@ -44,19 +51,51 @@ class EditWatch:
         self.seen: dict[str, tuple] = {}
         self.fingerprints: list[tuple[int, int]] = []
         self.refusal: str | None = None  # what the next steps refuse, until the masters are shown again
+        self.in_masters: str | None = None  # an edit of the masters themselves: refused until a load or a writeback
+        self.checked = False  # whether this step's check ran (``problem``)
+        self.spoiled: str | None = None  # this step's gradients were computed with an edit since dropped
+        self.kept: list[list] = []  # each open ``gathered()`` block's copy of the shown buffers, as last recorded
 
     def record(self) -> None:
         """Take what the parameters look like now (the masters, just shown) as what they should look like until
-        the bridge sets them again; nothing is refused any more."""
+        the bridge sets them again; nothing is refused any more, unless an edit reached the masters themselves
+        (then nothing is taken: what they hold now is not the masters the other ranks hold)."""
+        if self.in_masters is not None:
+            self.refusal = self.in_masters
+            return
         self.refusal = None
         self.seen = {name: _looks(p) for name, p in self.params.items()}
         self.fingerprints = fingerprints(self.binder.shown_buffers())
+        for copy in self.kept:  # a step or a load inside the block: what it drops an edit back to
+            copy[:] = self.binder.kept_copy()
 
-    def record_unless_refused(self) -> None:
-        """``record`` after a step, unless that step refused an edit: the edit is still shown, so every later
-        step refuses it too, until ``gathered()`` or a load shows the masters again."""
-        if self.refusal is None:
+    def after_step(self) -> None:
+        """``record`` after a step whose check ran and found nothing to refuse. A refused edit is still shown, so
+        every later step refuses it too, until ``gathered()`` or a load shows the masters again; a step that
+        raised before its check changed nothing, and leaves the record as it was."""
+        if self.checked and self.refusal is None:
             self.record()
+        self.checked, self.spoiled = False, None
+
+    def spoil_gradients(self) -> None:
+        """Before ``gathered()`` drops an edit the module computed with since ``record``: this step's backward
+        passes ran with it, so the step refuses their gradients (until ``zero_grad()`` drops them)."""
+        what = self._changes()
+        if what is not None:
+            self.spoiled = (
+                f"this step's backward passes ran with an edit that `zero.gathered()` then dropped, so their gradients "
+                f"are refused: call zero.zero_grad() and run them again (the edit: {what.removesuffix(DROP)})"
+            )
+
+    def loaded(self) -> None:
+        """The masters were set anew (a load): an edit that had reached them is gone."""
+        self.binder.edited_in_place.clear()
+        self.in_masters = None
+
+    def written_back(self) -> None:
+        """Every rank wrote back the same parameters (``gathered(writeback=True)``): they are the masters now,
+        an edit of the masters made before the block included."""
+        self.in_masters = None
 
     def refuse(self, why: str) -> None:
         """Refuse the next steps for ``why`` until the masters are shown again."""
@@ -64,9 +103,30 @@ class EditWatch:
 
     def problem(self) -> str | None:
         """What the next step must refuse, in words (None if nothing): what changed since ``record``."""
+        self.checked = True
         if self.refusal is None:
             self.refusal = self._changes()
-        return self.refusal
+        return self.refusal or self.spoiled
+
+    def masters_edited(self) -> str | None:
+        """Where the module's tensors are the masters themselves (``Binder.shows_masters``: stage 0 in float32),
+        whether their bytes changed since ``record``, in words (None if not, and elsewhere). Such an edit is kept
+        until a load or an agreed writeback: showing the masters again cannot drop it."""
+        if self.in_masters is None and self.binder.shows_masters:
+            changed = self._fingerprinted_changes()
+            counted = [name for name in changed if _looks(self.params[name]) != self.seen[name]]
+            if changed:
+                what = (
+                    f"parameters {_names(counted)}" if counted else f"one or more of the parameters {_names(changed)}"
+                )
+                self.in_masters = (
+                    f"{what} changed in place since the last step, outside "
+                    "the ways a sharded model's parameters change; at stage 0 in float32 the parameters are the "
+                    "masters, so the edit reached this rank's masters (perhaps not the other ranks'), and "
+                    "`zero.gathered()` cannot drop it: load a checkpoint or a state dict, or, if every rank made "
+                    "the same edit, keep it with `with zero.gathered(writeback=True): pass`"
+                )
+        return self.in_masters
 
     def _changes(self) -> str | None:
         if self.binder.edited_in_place:
@@ -84,16 +144,22 @@ class EditWatch:
                 f"requires_grad of {_names(flipped)} changed after shard(): set requires_grad before shard() "
                 "(a sharded model's trainable parameters are fixed when it is sharded)"
             )
+        if self.masters_edited():
+            return self.in_masters
         edited = [name for name, p in self.params.items() if _looks(p) != self.seen[name]]
-        if edited:
+        if edited:  # where the module shows the masters, their bytes are as recorded: a new .data, or no change
             return _refusal(f"parameters {_names(edited)}")
-        now = fingerprints(self.binder.shown_buffers())
-        changed = [
-            n for names, old, new in zip(self.binder.group_names(), self.fingerprints, now) if old != new for n in names
-        ]
+        changed = [] if self.binder.shows_masters else self._fingerprinted_changes()
         if changed:
             return _refusal(f"one or more of the parameters {_names(changed)}")
         return None
+
+    def _fingerprinted_changes(self) -> list[str]:
+        """The parameters of every group whose shown buffer's fingerprint changed since ``record``."""
+        now = fingerprints(self.binder.shown_buffers())
+        return [
+            n for names, old, new in zip(self.binder.group_names(), self.fingerprints, now) if old != new for n in names
+        ]
 
 
 DROP = "; `with zero.gathered(): pass` shows the masters again, dropping the edit"

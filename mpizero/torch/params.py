@@ -192,6 +192,12 @@ class Binder:
             return [self.engine.full_params(index) for index in range(len(self.engine.groups))]
         return [as_array(buffer.tensor) for buffer in self.buffers]
 
+    @property
+    def shows_masters(self) -> bool:
+        """Whether the module's tensors between steps are the engine's masters themselves (float32 at stage 0:
+        ``ShardPlan.master_is_params``): an edit of them reaches the masters, so only a load undoes it."""
+        return self.zero_copy and not self.sharded and self.engine.groups[0].shares_master
+
     def kept_copy(self) -> list:
         """Copies of the buffers the parameters show where those are the engine's own (stages 0-2, float32
         params), from which ``put_back`` undoes an edit; none where they show copies the engine never sees

@@ -269,7 +269,7 @@ class ShardedModel:
             self._reduced, self._grad_norm, self._ended = False, None, None
             self.grad_view.guard(stepped=True)
             self.binder.refresh()
-            self.edits.record_unless_refused()
+            self.edits.after_step()
             self._trim()
 
     def _step_streamed(self, closure) -> StepResult:
@@ -304,8 +304,8 @@ class ShardedModel:
 
     def _finish_step(self) -> StepResult:
         edited = self.edits.problem()
-        if edited is not None:
-            self.engine.note_problem(edited)  # refused at the reduction's agreement, if that is still to come
+        if edited is not None and not self._reduced and self._ended is None:
+            self.engine.note_problem(edited)  # refused at the reduction's agreement, still to come
         ended = self._reduce_early()
         if ended is not None:
             agree.raise_if_any(self.engine.collectives, edited, "step")  # a skipped step is no announced one
@@ -365,6 +365,7 @@ class ShardedModel:
             self.announcer.announce(Operation.DISCARD)
             self.engine.discard_step()
             self.grads.reset()
+            self.edits.spoiled = None
         self.grad_view.clear()
 
     # State ----------------------------------------------------------------
@@ -375,19 +376,28 @@ class ShardedModel:
 
         ``writeback=True``: changes made inside go back into the masters on leaving; every rank must make the
         same changes (checked). Without it, or when the block raises, they are dropped at every stage: the module
-        shows and computes with the parameters as before the block. ``grads=True``: after this step's backward passes,
-        reduce their gradients now (as ``clip_grad_norm_`` does) and show each parameter's averaged gradient in
-        its ``.grad`` inside the block (copies, for reading: ``step()`` uses the engine's). Collective.
+        shows and computes with the parameters as before the block, or as a step or a load inside it left them.
+        At stage 0 in float32 the module's tensors are the masters: an edit made before the block is refused on
+        entry, or, with ``writeback=True``, kept if every rank wrote back the same (``edits``). ``grads=True``:
+        after this step's backward passes, reduce their gradients now (as ``clip_grad_norm_`` does) and show each
+        parameter's averaged gradient in its ``.grad`` inside the block (copies, for reading: ``step()`` uses the
+        engine's). Collective.
         """
         with self.torch_stream():
             self.announcer.announce(Operation.GATHERED)
+            if writeback:  # an edit of the masters made before the block is kept if every rank writes it back
+                self.edits.masters_edited()
+            else:
+                self._refuse_edited_masters("gathered()")
+            if self.grads.handed_in and not self.binder.sharded:  # the backward passes computed with what is shown
+                self.edits.spoil_gradients()
             if grads:
                 self._reduce_early()
             held = range(len(self.engine.groups)) if self.binder.sharded else range(0)
             for index in held:
                 self.binder.acquire(index, private=True)
-            kept = self.binder.kept_copy()  # what an exception shows again (stage 3 gathers it again instead)
-        left_normally = False
+            self.edits.kept.append(self.binder.kept_copy())  # what a dropped edit shows again (stage 3: gathers)
+        left_normally = written = False
         try:
             if grads and self._ended is None:
                 with self.torch_stream():
@@ -397,24 +407,36 @@ class ShardedModel:
             if writeback:
                 with self.torch_stream():
                     state.write_back(self)  # agreed: refused on every rank or on none
+                written = True
+                self.edits.written_back()
         finally:
+            kept = self.edits.kept.pop()
             with self.torch_stream():
                 if grads:
                     self.grad_view.guard()
                 for index in held:
                     self.binder.release(index)
-                if left_normally:  # every rank is here: publishing the masters drops any edit not written back
+                if not left_normally or not written and self.binder.shows_masters:
+                    self.binder.put_back(kept)  # the block's edit is dropped (publishing does it where it copies)
+                if left_normally:  # every rank is here: the masters are shown again
                     self.engine.publish()
                     self.show_masters()
-                else:  # this rank alone may be here: no collective; the edit is dropped, and the next step refused
-                    self.binder.put_back(kept)
+                else:  # this rank alone may be here: no collective; the next step is refused
                     self.edits.refuse(GATHERED_RAISED)
+
+    def _refuse_edited_masters(self, context: str) -> None:
+        """Where the module's tensors are the masters themselves (stage 0 in float32), refuse on every rank to read
+        them out, or to show them as they are, while some rank's were edited outside the documented ways: they
+        are not the masters the other ranks hold (collective there)."""
+        if self.binder.shows_masters:
+            agree.raise_if_any(self.engine.collectives, self.edits.masters_edited(), context)
 
     @on_torch_stream
     def state_dict(self, all_ranks: bool = False) -> dict | None:
         """The module's full ``state_dict()`` (CPU tensors, tied names included) on rank 0, None on the others;
         on every rank with ``all_ranks=True``. Collective."""
         self.announcer.announce(Operation.STATE_DICT)
+        self._refuse_edited_masters("state_dict()")
         return state.full_state_dict(self, all_ranks)
 
     @on_torch_stream
@@ -444,6 +466,7 @@ class ShardedModel:
     def master_params(self) -> dict:
         """The full float32 master parameters by name, on every rank (collective)."""
         self.announcer.announce(Operation.MASTER_PARAMS)
+        self._refuse_edited_masters("master_params()")
         return self.engine.master_params()
 
     @on_torch_stream
@@ -454,6 +477,7 @@ class ShardedModel:
         ``scheduler``: a learning-rate scheduler whose ``state_dict()`` is saved with it (``checkpoints``).
         """
         self.announcer.announce(Operation.SAVE)
+        self._refuse_edited_masters("save()")
         return checkpoints.save(self, directory, data, keep, scheduler)
 
     @on_torch_stream

@@ -61,7 +61,7 @@ def load_full_state_dict(zero, state_dict) -> None:
             if id(value) not in canonical:
                 value.copy_(state_dict[key])
     zero.engine.publish()
-    zero.binder.edited_in_place.clear()  # the masters are set anew: an edit made in place is gone
+    zero.edits.loaded()
     zero.show_masters()
 
 

@@ -35,11 +35,11 @@ def test_the_plan_answers_per_stage():
     }
 
 
-def test_only_stage_3_in_float32_keeps_the_master_in_the_param_shard():
+def test_only_stages_0_and_3_in_float32_keep_the_master_in_the_params():
     partition = Partition(10, 2)
     plans = {stage: ShardPlan(row, partition, 1) for stage, row in STAGES.items()}
-    shared = [(stage, nbytes) for stage, p in plans.items() for nbytes in (4, 2) if p.master_is_param_shard(nbytes)]
-    assert shared == [(3, 4)]
+    shared = [(stage, nbytes) for stage, p in plans.items() for nbytes in (4, 2) if p.master_is_params(nbytes)]
+    assert shared == [(0, 4), (3, 4)]
 
 
 def test_step_calls_out_of_order_name_the_problem():

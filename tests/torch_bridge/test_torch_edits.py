@@ -14,6 +14,9 @@ import mpizero  # noqa: E402
 from mpizero.torch import shard  # noqa: E402
 
 EDITED = "changed in place since the last step"
+MASTERS = "the parameters are the masters, so the edit reached this rank's masters"
+DROP = "`with zero.gathered(): pass` shows the masters again, dropping the edit"
+SPOILED = "this step's backward passes ran with an edit that `zero.gathered()` then dropped"
 FLIPPED = "changed after shard(): set requires_grad before shard()"
 REFUSED = {  # case: what the refusal says, at every stage
     "no_grad edit": f"parameters '0.weight' {EDITED}",
@@ -37,8 +40,14 @@ def test_edits_are_refused_or_dropped_alike_at_every_stage_and_rank(n):
             assert fragment in outcome[stage, case], (stage, case, outcome[stage, case])
         for case in ("no_grad edit", "nn.init", ".data edit"):  # a refused step took nothing
             assert outcome[stage, case].endswith("; then as without the edit: True"), (stage, case)
-        for case in ("no_grad edit", "nn.init"):  # the edit is still shown: the next step is refused too
-            assert "; again: refused; then" in outcome[stage, case], (stage, case)
+        for case in ("no_grad edit", "nn.init", ".data edit"):  # still shown: the next step is refused too
+            # at stage 0 in float32 the module's tensors are the masters: gathered() cannot drop it, a load does
+            again = (
+                "; again: refused; gathered(): refused; step: refused; then" if stage == 0 else "; again: refused; then"
+            )
+            assert again in outcome[stage, case], (stage, case)
+            assert (MASTERS in outcome[stage, case]) == (stage == 0), (stage, case)
+        assert_edits_in_order(stage, outcome, every)
         assert outcome[stage, "no writeback"] == "done; then as without the edit: True"
         said = outcome[stage, "exception inside"]
         expected = "KeyError; forward as without the edit: True; next step refused: True; then as without the edit"
@@ -51,12 +60,35 @@ def test_edits_are_refused_or_dropped_alike_at_every_stage_and_rank(n):
         assert f"one or more of the parameters '2.weight', '2.bias' {EDITED}" in outcome[stage, ".data edit"]
     # at stage 3 the placeholder's .data shares the parameter's version counter: the write is counted
     assert f"parameters '2.bias' {EDITED}" in outcome[3, ".data edit"]
-    for stage in range(4):
-        assert "; again: refused; then" in outcome[stage, ".data edit"]
     # stage 3 on one host reads the params in place: an edit in a forward reached every rank's masters
     said = outcome[3, "edit in forward"]
     assert said.startswith(f"refused: step 2: {every}parameters '0.weight' were edited in place during a forward"), said
     assert said.endswith("; again: refused; after a load: done"), said
+
+
+def assert_edits_in_order(stage: int, outcome: dict, every: str) -> None:
+    """An edit followed by a read-out, a ``gathered()``, a step that raises early, a clip; a step and a load inside
+    ``gathered()``; a new ``.data`` (``torch_edits.ORDER_CASES``)."""
+    same = "; then as without the edit: True"
+    assert outcome[stage, "step raising before its check"] == "refused; next step: refused" + same
+    assert outcome[stage, "refused after clip"] == "refused; next step: done" + same
+    read_out = "refused, refused, refused" if stage == 0 else "done, done, done"
+    assert outcome[stage, "read out after an edit"] == read_out + same
+    stepped = "refused" if stage == 3 else "done"  # stage 3 shows gathered tensors inside the block: a step is refused
+    assert outcome[stage, "step and load inside gathered"] == f"{stepped}; step kept: True" + same
+    said = outcome[stage, "new .data"]
+    if stage < 3:  # the masters untouched: refused, and dropped by gathered()
+        assert said.startswith(f"refused: step 2: {every}parameters '2.bias' {EDITED}") and DROP in said, said
+        assert MASTERS not in said and said.endswith(same), said
+    said = outcome[stage, "edit then gathered"]
+    if stage == 0:  # refused on entry; kept by an agreed writeback
+        assert said.startswith(f"refused: gathered(): {every}parameters '0.weight' {EDITED}") and MASTERS in said, said
+        assert said.endswith("; step: refused; writeback: done; step: done" + same), said
+    elif stage < 3:  # dropped, and the gradients computed with it refused
+        assert said.startswith(f"done; step: refused: step 2: {every}{SPOILED}"), said
+        assert said.endswith(same), said
+    else:  # the edit acted on an empty placeholder: the forward computed with the masters
+        assert said == "done; step: done" + same, said
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2])

@@ -7,6 +7,8 @@ that no two ranks' lines interleave); the test checks every rank and stage has t
 """
 
 import hashlib
+import shutil
+import tempfile
 
 import torch
 from mpi4py import MPI
@@ -69,7 +71,8 @@ BETWEEN_STEPS = {
 
 def between_steps(stage: int, name: str) -> str:
     """The next step's outcome; for an edit of values, also whether the run goes on as one without the edit once
-    ``gathered()`` has shown the masters again (a refused step takes nothing)."""
+    ``gathered()`` has shown the masters again (a refused step takes nothing), or, where the module's tensors are
+    the masters themselves (stage 0 in float32), once a state dict saved before the edit is loaded."""
     model, plain = make("mlp"), make("mlp")
     for m in (model, plain):
         m[4].bias.requires_grad_(False)
@@ -77,6 +80,7 @@ def between_steps(stage: int, name: str) -> str:
     zero_plain = shard(plain, mpizero.SGD(lr=0.1), comm=comm, stage=stage)
     train_step(model, zero, 0)
     train_step(plain, zero_plain, 0)
+    saved = zero.state_dict(all_ranks=True)
     BETWEEN_STEPS[name](model)
     result = outcome(lambda: train_step(model, zero, 1))
     if name in ("freeze", "unfreeze"):
@@ -85,8 +89,10 @@ def between_steps(stage: int, name: str) -> str:
         train_step(plain, zero_plain, 1)
     else:  # the edit is still shown: refused again, until gathered() shows the masters
         result += "; again: " + outcome(lambda: train_step(model, zero, 1)).split(":")[0]
-    with zero.gathered():
-        pass
+    shown = word(lambda: show(zero))
+    if shown != "done":  # the edit reached the masters (stage 0 in float32): a load undoes it
+        result += f"; gathered(): {shown}; step: {word(lambda: train_step(model, zero, 1))}"
+        zero.load_state_dict(saved)
     train_step(model, zero, 2)
     train_step(plain, zero_plain, 2)
     return f"{result}; then as without the edit: {masters_digest(zero) == masters_digest(zero_plain)}"
@@ -125,6 +131,158 @@ def inside_gathered(stage: int, how: str) -> str:
     return f"{result}; then as without the edit: {same}"
 
 
+def pair(stage: int):
+    """A model and a plain twin, sharded alike, each one step in; the model's state dict then, on every rank."""
+    model, plain = make("mlp"), make("mlp")
+    zero = shard(model, mpizero.SGD(lr=0.1), comm=comm, stage=stage)
+    zero_plain = shard(plain, mpizero.SGD(lr=0.1), comm=comm, stage=stage)
+    train_step(model, zero, 0)
+    train_step(plain, zero_plain, 0)
+    return model, zero, plain, zero_plain, zero.state_dict(all_ranks=True)
+
+
+def word(action) -> str:
+    """``outcome`` in one word: done or refused."""
+    return outcome(action).split(":")[0]
+
+
+def show(zero, writeback=False, grads=False) -> None:
+    with zero.gathered(writeback=writeback, grads=grads):
+        pass
+
+
+def go_on(model, zero, plain, zero_plain, result: str) -> str:
+    """One more step each; whether the masters are as without the edit."""
+    train_step(model, zero, 2)
+    train_step(plain, zero_plain, 2)
+    return f"{result}; then as without the edit: {masters_digest(zero) == masters_digest(zero_plain)}"
+
+
+def edit_then_gathered(stage: int) -> str:
+    """An edit, a backward, then ``gathered(grads=True)`` before the step: dropped there at stages 1-3; at stage 0
+    in float32 (the module's tensors are the masters) refused on entry and at the step, and kept by an agreed
+    writeback (every rank made the same edit; the twin makes it inside ``gathered(writeback=True)``)."""
+    model, zero, plain, zero_plain, _ = pair(stage)
+    edit_under_no_grad(model)
+    x, y = batch("mlp", 1, comm.rank)
+    loss("mlp", model(x), y).backward()
+    result = outcome(lambda: show(zero, grads=True))
+    if result == "done":  # stages 1-3: the edit is dropped, and the step refuses gradients computed with it
+        result += "; step: " + outcome(zero.step)
+        if not result.endswith("; step: done"):
+            show(zero)
+            train_step(model, zero, 1)
+        train_step(plain, zero_plain, 1)
+    else:
+        result += "; step: " + word(zero.step)
+        result += "; writeback: " + word(lambda: show(zero, writeback=True))
+        with zero_plain.gathered(writeback=True):
+            edit_under_no_grad(plain)
+        result += "; step: " + word(lambda: train_step(model, zero, 1))
+        train_step(plain, zero_plain, 1)
+    return go_on(model, zero, plain, zero_plain, result)
+
+
+def step_raising_before_its_check(stage: int) -> str:
+    """An edit, then a step that raises before it checks for edits (a closure after backward passes already
+    handed in): the edit is still refused at the next step."""
+    model, zero, plain, zero_plain, saved = pair(stage)
+    edit_under_no_grad(model)
+    x, y = batch("mlp", 1, comm.rank)
+    loss("mlp", model(x), y).backward()
+    result = word(lambda: zero.step(lambda: None)) + "; next step: " + word(lambda: train_step(model, zero, 1))
+    if zero.binder.shows_masters:  # the edit is in the masters: a load undoes it
+        zero.load_state_dict(saved)
+    else:
+        show(zero)
+    train_step(model, zero, 1)
+    train_step(plain, zero_plain, 1)
+    return go_on(model, zero, plain, zero_plain, result)
+
+
+def step_and_load_inside_gathered(stage: int) -> str:
+    """A step inside ``gathered()``, then a load inside another: both are kept on leaving (no writeback). Stage 3
+    refuses the step (inside the block its parameters show gathered tensors, not the placeholders)."""
+    model, zero, plain, zero_plain, saved = pair(stage)
+
+    def step_inside():
+        with zero.gathered():
+            train_step(model, zero, 1)
+
+    result = word(step_inside)
+    if result != "done":
+        show(zero)
+        train_step(model, zero, 1)
+    train_step(plain, zero_plain, 1)
+    result += f"; step kept: {masters_digest(zero) == masters_digest(zero_plain)}"
+    train_step(model, zero, 2)
+    with zero.gathered():
+        zero.load_state_dict(zero_plain.state_dict(all_ranks=True))
+    return go_on(model, zero, plain, zero_plain, result)
+
+
+def read_out_after_an_edit(stage: int) -> str:
+    """``state_dict()``, ``master_params()`` and ``save()`` after an edit: they read the masters, which hold
+    the edit at stage 0 in float32 (refused there), and not elsewhere."""
+    model, zero, plain, zero_plain, saved = pair(stage)
+    edit_under_no_grad(model)
+    directory = comm.bcast(tempfile.mkdtemp() if comm.rank == 0 else None)
+    said = [
+        word(lambda: zero.state_dict(all_ranks=True)),
+        word(zero.master_params),
+        word(lambda: zero.save(directory)),
+    ]
+    if comm.rank == 0:
+        shutil.rmtree(directory)
+    if zero.binder.shows_masters:
+        zero.load_state_dict(saved)
+    else:
+        show(zero)
+    train_step(model, zero, 1)
+    train_step(plain, zero_plain, 1)
+    return go_on(model, zero, plain, zero_plain, ", ".join(said))
+
+
+def new_data(stage: int) -> str:
+    """A new ``.data`` with other values (the masters untouched): refused, and dropped by ``gathered()``."""
+    model, zero, plain, zero_plain, _ = pair(stage)
+    model[2].bias.data = model[2].bias.data + 1
+    result = outcome(lambda: train_step(model, zero, 1))
+    show(zero)
+    if result != "done":
+        train_step(model, zero, 1)
+    train_step(plain, zero_plain, 1)
+    return go_on(model, zero, plain, zero_plain, result)
+
+
+def refused_after_clip(stage: int) -> str:
+    """An edit, a backward, ``clip_grad_norm_`` (which reduces), then the step: refused; once the edit is
+    dropped (or loaded over), the next step is taken, not refused for the earlier edit."""
+    model, zero, plain, zero_plain, saved = pair(stage)
+    edit_under_no_grad(model)
+    x, y = batch("mlp", 1, comm.rank)
+    loss("mlp", model(x), y).backward()
+    zero.clip_grad_norm_(1.0)
+    result = word(zero.step)
+    if zero.binder.shows_masters:
+        zero.load_state_dict(saved)
+    else:
+        show(zero)
+    result += "; next step: " + word(lambda: train_step(model, zero, 1))
+    train_step(plain, zero_plain, 1)
+    return go_on(model, zero, plain, zero_plain, result)
+
+
+ORDER_CASES = {
+    "edit then gathered": edit_then_gathered,
+    "step raising before its check": step_raising_before_its_check,
+    "step and load inside gathered": step_and_load_inside_gathered,
+    "read out after an edit": read_out_after_an_edit,
+    "new .data": new_data,
+    "refused after clip": refused_after_clip,
+}
+
+
 def edit_in_forward() -> str:
     """Stage 3 on one host shows the engine's node-shared params inside a forward: an edit there (a pre-hook
     writing through ``.data``) reaches every rank's masters, so the next steps are refused until a load."""
@@ -150,6 +308,8 @@ outcomes = [f"stage 3 edit in forward: {edit_in_forward()}"]
 for stage in range(4):
     for name in BETWEEN_STEPS:
         outcomes.append(f"stage {stage} {name}: {between_steps(stage, name)}")
+    for name, case in ORDER_CASES.items():
+        outcomes.append(f"stage {stage} {name}: {case(stage)}")
     for how in ("no writeback", "exception inside", "refused writeback"):
         if how == "refused writeback" and comm.size == 1:
             continue  # one rank's edit is every rank's
