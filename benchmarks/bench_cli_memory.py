@@ -5,8 +5,8 @@ Run: python benchmarks/bench_cli_memory.py [--ranks 4] [train's options; default
 Each rank runs ``train`` in-process beside a thread that reads ``/proc/self/smaps_rollup`` every 5 ms and keeps
 the largest Pss (each page divided among the processes mapping it, so the node-shared blocks count once on the
 host) and RSS (every rank's blocks this one maps, in full). The table sets the Pss peak of the steps beside the
-engine's peak total plus the Pss before set-up plus ``ALLOWANCE``, the trainer's own (one unit's full-size
-gradient and the activations): "over" is what that sum leaves unaccounted for. Linux only.
+engine's peak total (which counts the unit gradient the trainer hands in) plus the Pss before set-up plus
+``ALLOWANCE``, the trainer's own (its activations): "over" is what that sum leaves unaccounted for. Linux only.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from mpizero.comm.job.launcher import python_under_mpiexec
 
-ALLOWANCE = 96 << 20  # the trainer's own working memory the sum allows for (issue 38 pt 6)
+ALLOWANCE = 96 << 20  # the trainer's own working memory the sum allows for (issue 38 pt 6): its activations
 DEFAULT_TRAIN = ["--stage", "3", "--steps", "3", "--width", "4096", "--layers", "5"]
 MIB = 1 << 20
 

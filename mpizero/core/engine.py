@@ -151,6 +151,7 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         """
         self._begin_step()
         indices = range(len(self.groups)) if groups is None else list(groups)
+        self._sample_handing_in(indices, grads)
         for index in indices:
             self._hand_in(index, grads, self._keep_mode(keep, can_redo), can_redo, given_up=keep == "reference")
         self._sample_after(indices)
@@ -211,6 +212,8 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         usable = grads is not None and tally.check(grads, self.names)
         self.collectives.watchdog.context = f"step {self.step_number}, round of group {index}"
         mode = self._keep_mode(keep, can_redo)
+        if usable:
+            self._sample_handing_in([index], grads)
         encoded = group.gradients.reduce_round(
             self.collectives,
             self.reduction,

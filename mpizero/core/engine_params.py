@@ -4,7 +4,7 @@ told what each group holds after each change (``ZeroEngine``'s part that the for
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -62,6 +62,16 @@ class ParamAccess:
         """Tell the memory log what groups ``indices`` (default: all) hold now; each call after a group changes."""
         for index in range(len(self.groups)) if indices is None else indices:
             self.memory_log.note(index, self.groups[index].memory())
+
+    def _sample_handing_in(self, indices: Iterable[int], grads) -> None:
+        """One sample as ``grads`` are handed in for groups ``indices``: the groups as noted, plus the caller's
+        gradients among the grads. They are alive while the engine reads them (a layer-wise trainer's unit
+        gradient, autograd's ``.grad``) and gone by the sample after."""
+        if not isinstance(grads, Mapping):
+            return
+        names = (name for index in indices for name in self.groups[index].layout.names if name in grads)
+        handed = sum(getattr(grads[name], "nbytes", 0) for name in names)
+        self.memory_log.sample({"comm": self.collectives.held_bytes, "grads": handed})
 
     def _sample_after(self, indices: Iterable[int] | None = None) -> None:
         """``_note_held(indices)``, then one sample of the bytes held now: the groups' as noted, and the

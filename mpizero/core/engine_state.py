@@ -91,7 +91,8 @@ class StateAccess:
         return total
 
     def memory_report(self) -> dict:
-        """Bytes held now and at the peak so far, by kind; the peak total; the process's peak RSS; the other
+        """Bytes held now and at the peak so far, by kind (the peak's grads count a contribution as it is handed
+        in: the caller's arrays, alive while the engine reads them); the peak total; the process's peak RSS; the other
         ranks' shared pages that RSS counts during a step (``Collectives.mapped_bytes``); and the bytes this rank
         keeps on disk (``states``; 0 in memory)."""
         log = self.memory_log

@@ -2,8 +2,11 @@
 
 import json
 
+import numpy as np
 import pytest
 from mpirun import run_mpi_ok
+
+from mpizero import SGD, ZeroEngine
 
 MIB = 2**20
 # 12.7M parameters; the same global batch of 32 sequences as 2 or 16 micro-batches over 2 ranks
@@ -33,3 +36,17 @@ def test_the_engines_peak_explains_the_process_memory_above_the_baseline(reports
     report = reports[per_rank]
     beyond_baseline = report["rss_steps"] - report["rss_baseline"]
     assert report["peak_total"] <= beyond_baseline <= report["peak_total"] + MARGIN, report
+
+
+@pytest.mark.parametrize("stage", range(4))
+def test_the_peak_counts_a_contribution_while_it_is_handed_in(stage):
+    """The caller's gradients are alive while the engine reads them (the layer-wise trainer's unit gradient, which
+    the engine's peak left to the allowance before: issue 38 pt 6): the peak's grads count them."""
+    grads = {"w": np.full((64, 32), 0.5, np.float32)}
+    engine = ZeroEngine({"w": np.ones((64, 32), np.float32)}, SGD(lr=0.1), stage=stage)
+    engine.step(grads)  # the first step measures the scales
+    engine.memory_log.peak = dict.fromkeys(engine.memory_log.peak, 0)  # the second step's peak alone
+    held = engine.memory()["grads"]
+    engine.accumulate(grads, keep="reference", can_redo=True)
+    engine.step()
+    assert engine.memory_report()["peak"]["grads"] >= held + grads["w"].nbytes
