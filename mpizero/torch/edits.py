@@ -42,19 +42,26 @@ SHOWN = 5  # parameters named in a message, at most
 
 
 class EditWatch:
-    """What every parameter of a sharded model looks like after the bridge last set it; what changed since."""
+    """What every parameter of a sharded model looks like after the bridge last set it; what changed since.
+
+    What it refuses, and until when: ``refusal``, an edit still shown, until the masters are shown again (a
+    ``record``); ``in_masters``, an edit of the masters themselves (stage 0 in float32), until a load or an agreed
+    writeback, and no ``record`` is taken meanwhile; ``spoiled``, this step's gradients, computed with an edit
+    that ``gathered()`` dropped, until the step or ``zero_grad()`` drops them. Each open ``gathered()`` block
+    keeps a copy of the shown buffers as last recorded (``open_block``), which a dropped edit shows again.
+    """
 
     def __init__(self, model: torch.nn.Module, binder) -> None:
         """``binder`` shows the trainable parameters the engine owns (``params.Binder``; its ``params``)."""
         self.model, self.params, self.binder = model, binder.params, binder
         self.trainable = {name for name, p in model.named_parameters() if p.requires_grad}
         self.seen: dict[str, tuple] = {}
-        self.fingerprints: list[tuple[int, int]] = []
-        self.refusal: str | None = None  # what the next steps refuse, until the masters are shown again
-        self.in_masters: str | None = None  # an edit of the masters themselves: refused until a load or a writeback
+        self.fingerprints: list[tuple[int, int, int]] = []
+        self.refusal: str | None = None
+        self.in_masters: str | None = None
+        self.spoiled: str | None = None
         self.checked = False  # whether this step's check ran (``problem``)
-        self.spoiled: str | None = None  # this step's gradients were computed with an edit since dropped
-        self.kept: list[list] = []  # each open ``gathered()`` block's copy of the shown buffers, as last recorded
+        self.blocks: list[list] = []  # each open ``gathered()`` block's copy of the shown buffers
 
     def record(self) -> None:
         """Take what the parameters look like now (the masters, just shown) as what they should look like until
@@ -66,26 +73,25 @@ class EditWatch:
         self.refusal = None
         self.seen = {name: _looks(p) for name, p in self.params.items()}
         self.fingerprints = fingerprints(self.binder.shown_buffers())
-        for copy in self.kept:  # a step or a load inside the block: what it drops an edit back to
+        for copy in self.blocks:  # a step or a load inside the block: what it drops an edit back to
             copy[:] = self.binder.kept_copy()
 
     def after_step(self) -> None:
         """``record`` after a step whose check ran and found nothing to refuse. A refused edit is still shown, so
         every later step refuses it too, until ``gathered()`` or a load shows the masters again; a step that
-        raised before its check changed nothing, and leaves the record as it was."""
+        raised before its check changed nothing, and leaves the record as it was. The step's gradients are gone."""
         if self.checked and self.refusal is None:
             self.record()
         self.checked, self.spoiled = False, None
 
-    def spoil_gradients(self) -> None:
-        """Before ``gathered()`` drops an edit the module computed with since ``record``: this step's backward
-        passes ran with it, so the step refuses their gradients (until ``zero_grad()`` drops them)."""
-        what = self._changes()
-        if what is not None:
-            self.spoiled = (
-                f"this step's backward passes ran with an edit that `zero.gathered()` then dropped, so their gradients "
-                f"are refused: call zero.zero_grad() and run them again (the edit: {what.removesuffix(DROP)})"
-            )
+    def open_block(self) -> None:
+        """A ``gathered()`` block begins: keep a copy of the shown buffers (none where the engine never sees
+        them edited: ``Binder.kept_copy``)."""
+        self.blocks.append(self.binder.kept_copy())
+
+    def close_block(self) -> list:
+        """The innermost ``gathered()`` block ends: its copy, as last recorded (``Binder.put_back`` takes it)."""
+        return self.blocks.pop()
 
     def loaded(self) -> None:
         """The masters were set anew (a load): an edit that had reached them is gone."""
@@ -97,6 +103,18 @@ class EditWatch:
         an edit of the masters made before the block included."""
         self.in_masters = None
 
+    def gradients_dropped(self) -> None:
+        """This step's gradients were dropped (``zero_grad()``): none computed with an edit are left."""
+        self.spoiled = None
+
+    def spoil_gradients(self, edit: str) -> None:
+        """``gathered()`` dropped ``edit`` (``unseen_edit``), which this step's backward passes computed with:
+        the step refuses their gradients."""
+        self.spoiled = (
+            "this step's backward passes ran with an edit that `zero.gathered()` then dropped, so their gradients "
+            f"are refused, and dropped with the step: run them again (the edit: {edit.removesuffix(DROP)})"
+        )
+
     def refuse(self, why: str) -> None:
         """Refuse the next steps for ``why`` until the masters are shown again."""
         self.refusal = self.refusal or why
@@ -105,30 +123,34 @@ class EditWatch:
         """What the next step must refuse, in words (None if nothing): what changed since ``record``."""
         self.checked = True
         if self.refusal is None:
-            self.refusal = self._changes()
+            self.refusal = self.unseen_edit()
         return self.refusal or self.spoiled
 
     def masters_edited(self) -> str | None:
         """Where the module's tensors are the masters themselves (``Binder.shows_masters``: stage 0 in float32),
-        whether their bytes changed since ``record``, in words (None if not, and elsewhere). Such an edit is kept
-        until a load or an agreed writeback: showing the masters again cannot drop it."""
-        if self.in_masters is None and self.binder.shows_masters:
-            changed = self._fingerprinted_changes()
-            counted = [name for name in changed if _looks(self.params[name]) != self.seen[name]]
-            if changed:
-                what = (
-                    f"parameters {_names(counted)}" if counted else f"one or more of the parameters {_names(changed)}"
-                )
-                self.in_masters = (
-                    f"{what} changed in place since the last step, outside "
-                    "the ways a sharded model's parameters change; at stage 0 in float32 the parameters are the "
-                    "masters, so the edit reached this rank's masters (perhaps not the other ranks'), and "
-                    "`zero.gathered()` cannot drop it: load a checkpoint or a state dict, or, if every rank made "
-                    "the same edit, keep it with `with zero.gathered(writeback=True): pass`"
-                )
-        return self.in_masters
+        whether their bytes changed since ``record``, in words (None if not, and elsewhere). Outside a
+        ``gathered()`` block such an edit is kept until a load or an agreed writeback (``in_masters``): showing
+        the masters again cannot drop it. Inside one, the block's end drops or writes back what it finds."""
+        if self.in_masters is not None or not self.binder.shows_masters:
+            return self.in_masters
+        changed = self._fingerprinted_changes()
+        if not changed:
+            return None
+        counted = [name for name in changed if _looks(self.params[name]) != self.seen[name]]
+        what = f"parameters {_names(counted)}" if counted else f"one or more of the parameters {_names(changed)}"
+        edit = (
+            f"{what} {CHANGED}; at stage 0 in float32 the parameters are the masters, so the edit reached this "
+            "rank's masters (perhaps not the other ranks'), and `zero.gathered()` cannot drop it: load a "
+            "checkpoint or a state dict, or, if every rank made the same edit, keep it with `with "
+            "zero.gathered(writeback=True): pass`"
+        )
+        if not self.blocks:
+            self.in_masters = edit
+        return edit
 
-    def _changes(self) -> str | None:
+    def unseen_edit(self) -> str | None:
+        """What changed since ``record`` outside the ways a sharded model's parameters change, in words (None if
+        nothing)."""
         if self.binder.edited_in_place:
             return (
                 f"parameters {_names(sorted(set(self.binder.edited_in_place)))} were edited in place during a "
@@ -144,8 +166,9 @@ class EditWatch:
                 f"requires_grad of {_names(flipped)} changed after shard(): set requires_grad before shard() "
                 "(a sharded model's trainable parameters are fixed when it is sharded)"
             )
-        if self.masters_edited():
-            return self.in_masters
+        in_masters = self.masters_edited()
+        if in_masters:
+            return in_masters
         edited = [name for name, p in self.params.items() if _looks(p) != self.seen[name]]
         if edited:  # where the module shows the masters, their bytes are as recorded: a new .data, or no change
             return _refusal(f"parameters {_names(edited)}")
@@ -162,6 +185,7 @@ class EditWatch:
         ]
 
 
+CHANGED = "changed in place since the last step, outside the ways a sharded model's parameters change"
 DROP = "; `with zero.gathered(): pass` shows the masters again, dropping the edit"
 GATHERED_RAISED = (
     "an exception left `zero.gathered()` on this rank, which dropped what the block edited without the other "
@@ -171,9 +195,9 @@ GATHERED_RAISED = (
 
 def _refusal(what: str) -> str:
     return (
-        f"{what} changed in place since the last step, outside the ways a sharded model's parameters change (such "
-        "an edit reaches some copies of the parameters and not others, differently at each stage): edit "
-        "parameters inside `with zero.gathered(writeback=True):`, or load them with model.load_state_dict()" + DROP
+        f"{what} {CHANGED} (such an edit reaches some copies of the parameters and not others, differently at "
+        "each stage): edit parameters inside `with zero.gathered(writeback=True):`, or load them with "
+        "model.load_state_dict()" + DROP
     )
 
 
@@ -190,11 +214,11 @@ def _names(names: list[str]) -> str:
 COLUMNS = 4093  # words per row of a fingerprint: a prime, so that no tensor's rows line up with its rows
 
 
-def fingerprints(buffers: list) -> list[tuple[int, int]]:
-    """Each flat float32 buffer's fingerprint: its 8-byte words summed, and summed weighted by their column in
-    rows of ``COLUMNS`` (modulo 2**64), so that a write that only moves values (a weight transposed or its rows
-    permuted through ``.data``) changes it as a write of other values does. One read of each buffer, on its
-    device; one transfer back."""
+def fingerprints(buffers: list) -> list[tuple[int, int, int]]:
+    """Each flat float32 buffer's fingerprint: its 8-byte words summed, summed weighted by their column in rows of
+    ``COLUMNS``, and summed weighted by their row (modulo 2**64), so that a write that only moves values (a weight
+    transposed, its rows permuted, two words swapped through ``.data``) changes it as a write of other values
+    does: two words in the same column and row are one. Each buffer read twice on its device; one transfer back."""
     if not buffers:
         return []
     xp = array_module(buffers[0])
@@ -204,9 +228,16 @@ def fingerprints(buffers: list) -> list[tuple[int, int]]:
         words = buffer.reshape(-1).view(xp.uint32)
         pairs = words[: words.size & ~1].view(xp.uint64)
         rows = pairs.size - pairs.size % COLUMNS
-        columns = pairs[:rows].reshape(-1, COLUMNS).sum(axis=0, dtype=xp.uint64) if rows else xp.zeros_like(weights)
+        matrix = pairs[:rows].reshape(-1, COLUMNS)
+        columns = matrix.sum(axis=0, dtype=xp.uint64) if rows else xp.zeros_like(weights)
         columns[: pairs.size - rows] += pairs[rows:]
         odd = words[pairs.size * 2 :].astype(xp.uint64)  # the last float32 of an odd count, alone
-        sums += [columns.sum(dtype=xp.uint64) + odd.sum(dtype=xp.uint64), (columns * weights).sum(dtype=xp.uint64)]
+        last = pairs[rows:].sum(dtype=xp.uint64) + odd.sum(dtype=xp.uint64)  # the partial row after the whole ones
+        by_row = matrix.sum(axis=1, dtype=xp.uint64) * xp.arange(1, matrix.shape[0] + 1, dtype=xp.uint64)
+        sums += [
+            columns.sum(dtype=xp.uint64) + odd.sum(dtype=xp.uint64),
+            (columns * weights).sum(dtype=xp.uint64),
+            by_row.sum(dtype=xp.uint64) + last * xp.uint64(matrix.shape[0] + 1),
+        ]
     flat = to_host(xp.stack(sums)).tolist()
-    return list(zip(flat[::2], flat[1::2]))
+    return list(zip(flat[::3], flat[1::3], flat[2::3]))

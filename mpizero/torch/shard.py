@@ -365,7 +365,7 @@ class ShardedModel:
             self.announcer.announce(Operation.DISCARD)
             self.engine.discard_step()
             self.grads.reset()
-            self.edits.spoiled = None
+            self.edits.gradients_dropped()
         self.grad_view.clear()
 
     # State ----------------------------------------------------------------
@@ -389,14 +389,15 @@ class ShardedModel:
                 self.edits.masters_edited()
             else:
                 self._refuse_edited_masters("gathered()")
-            if self.grads.handed_in and not self.binder.sharded:  # the backward passes computed with what is shown
-                self.edits.spoil_gradients()
+            computed_with = None  # an edit this step's backward passes computed with (the module shows it)
+            if self.grads.handed_in and not self.binder.sharded:
+                computed_with = self.edits.unseen_edit()
             if grads:
                 self._reduce_early()
             held = range(len(self.engine.groups)) if self.binder.sharded else range(0)
             for index in held:
                 self.binder.acquire(index, private=True)
-            self.edits.kept.append(self.binder.kept_copy())  # what a dropped edit shows again (stage 3: gathers)
+            self.edits.open_block()
         left_normally = written = False
         try:
             if grads and self._ended is None:
@@ -410,14 +411,16 @@ class ShardedModel:
                 written = True
                 self.edits.written_back()
         finally:
-            kept = self.edits.kept.pop()
+            kept = self.edits.close_block()
             with self.torch_stream():
                 if grads:
                     self.grad_view.guard()
                 for index in held:
                     self.binder.release(index)
-                if not left_normally or not written and self.binder.shows_masters:
+                if not left_normally or (not written and self.binder.shows_masters):
                     self.binder.put_back(kept)  # the block's edit is dropped (publishing does it where it copies)
+                if computed_with is not None and not written:
+                    self.edits.spoil_gradients(computed_with)
                 if left_normally:  # every rank is here: the masters are shown again
                     self.engine.publish()
                     self.show_masters()

@@ -5,6 +5,7 @@ import re
 import time
 from collections import Counter
 
+import numpy as np
 import pytest
 from mpirun import run_mpi, run_mpi_ok
 
@@ -12,6 +13,7 @@ torch = pytest.importorskip("torch", reason="mpizero.torch needs torch: add its 
 
 import mpizero  # noqa: E402
 from mpizero.torch import shard  # noqa: E402
+from mpizero.torch.edits import COLUMNS, fingerprints  # noqa: E402
 
 EDITED = "changed in place since the last step"
 MASTERS = "the parameters are the masters, so the edit reached this rank's masters"
@@ -67,13 +69,17 @@ def test_edits_are_refused_or_dropped_alike_at_every_stage_and_rank(n):
 
 
 def assert_edits_in_order(stage: int, outcome: dict, every: str) -> None:
-    """An edit followed by a read-out, a ``gathered()``, a step that raises early, a clip; a step and a load inside
-    ``gathered()``; a new ``.data`` (``torch_edits.ORDER_CASES``)."""
+    """An edit followed by a read-out, a ``gathered()``, a step that raises early, a clip, a backward and a
+    writeback; a step, a load and a read-out inside ``gathered()``; a new ``.data`` (``torch_edits.ORDER_CASES``)."""
     same = "; then as without the edit: True"
     assert outcome[stage, "step raising before its check"] == "refused; next step: refused" + same
     assert outcome[stage, "refused after clip"] == "refused; next step: done" + same
     read_out = "refused, refused, refused" if stage == 0 else "done, done, done"
     assert outcome[stage, "read out after an edit"] == read_out + same
+    inside = "refused" if stage == 0 else "done"  # the masters hold the block's edit until the block ends
+    assert outcome[stage, "read out inside gathered"] == f"{inside}; step: done" + same
+    if stage < 3:  # kept by the writeback: the gradients computed with it are the step's
+        assert outcome[stage, "writeback after backward"] == "done; as with the edit: True"
     stepped = "refused" if stage == 3 else "done"  # stage 3 shows gathered tensors inside the block: a step is refused
     assert outcome[stage, "step and load inside gathered"] == f"{stepped}; step kept: True" + same
     said = outcome[stage, "new .data"]
@@ -89,6 +95,17 @@ def assert_edits_in_order(stage: int, outcome: dict, every: str) -> None:
         assert said.endswith(same), said
     else:  # the edit acted on an empty placeholder: the forward computed with the masters
         assert said == "done; step: done" + same, said
+
+
+def test_a_fingerprint_sees_any_two_words_swapped():
+    """Words a row apart (the same column) and words in one row (the same row) weigh differently: swapping either
+    pair changes the fingerprint, as it does the bytes (at stage 0 in float32 such a write reaches the masters)."""
+    values = np.random.default_rng(0).random(3 * 2 * COLUMNS + 5).astype(np.float32)
+    original = fingerprints([values])
+    for first, second in [(0, 2 * COLUMNS), (2, 3), (4, 4 * COLUMNS + 6), (2 * 3 * COLUMNS, 6 * COLUMNS + 4)]:
+        swapped = values.copy()
+        swapped[[first, second]] = swapped[[second, first]]
+        assert fingerprints([swapped]) != original, (first, second)
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2])

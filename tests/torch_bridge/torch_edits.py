@@ -273,6 +273,33 @@ def refused_after_clip(stage: int) -> str:
     return go_on(model, zero, plain, zero_plain, result)
 
 
+def read_out_inside_gathered(stage: int) -> str:
+    """An edit inside ``gathered()``, then ``master_params()`` there (refused at stage 0 in float32, where the
+    masters hold the edit meanwhile): leaving the block drops the edit, and the next step is taken."""
+    model, zero, plain, zero_plain, _ = pair(stage)
+    with zero.gathered():
+        edit_under_no_grad(model)
+        result = word(zero.master_params)
+    result += "; step: " + word(lambda: train_step(model, zero, 1))
+    train_step(plain, zero_plain, 1)
+    return go_on(model, zero, plain, zero_plain, result)
+
+
+def writeback_after_backward(stage: int) -> str:
+    """Every rank's same edit, a backward with it, then ``gathered(writeback=True)``: the edit is kept, so the
+    gradients computed with it are the step's (the twin makes the edit inside the block, before its backward)."""
+    model, zero, plain, zero_plain, _ = pair(stage)
+    edit_under_no_grad(model)
+    x, y = batch("mlp", 1, comm.rank)
+    loss("mlp", model(x), y).backward()
+    show(zero, writeback=True)
+    result = word(zero.step)
+    with zero_plain.gathered(writeback=True):
+        edit_under_no_grad(plain)
+    train_step(plain, zero_plain, 1)
+    return f"{result}; as with the edit: {masters_digest(zero) == masters_digest(zero_plain)}"
+
+
 ORDER_CASES = {
     "edit then gathered": edit_then_gathered,
     "step raising before its check": step_raising_before_its_check,
@@ -280,6 +307,8 @@ ORDER_CASES = {
     "read out after an edit": read_out_after_an_edit,
     "new .data": new_data,
     "refused after clip": refused_after_clip,
+    "read out inside gathered": read_out_inside_gathered,
+    "writeback after backward": writeback_after_backward,
 }
 
 
