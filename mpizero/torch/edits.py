@@ -232,12 +232,12 @@ def fingerprints(buffers: list) -> list[tuple[int, int, int]]:
         columns = matrix.sum(axis=0, dtype=xp.uint64) if rows else xp.zeros_like(weights)
         columns[: pairs.size - rows] += pairs[rows:]
         odd = words[pairs.size * 2 :].astype(xp.uint64)  # the last float32 of an odd count, alone
-        last = pairs[rows:].sum(dtype=xp.uint64) + odd.sum(dtype=xp.uint64)  # the partial row after the whole ones
-        by_row = matrix.sum(axis=1, dtype=xp.uint64) * xp.arange(1, matrix.shape[0] + 1, dtype=xp.uint64)
-        sums += [
-            columns.sum(dtype=xp.uint64) + odd.sum(dtype=xp.uint64),
-            (columns * weights).sum(dtype=xp.uint64),
-            by_row.sum(dtype=xp.uint64) + last * xp.uint64(matrix.shape[0] + 1),
+        last = xp.concatenate([pairs[rows:], odd])  # the partial row after the whole ones: the next row's weight
+        by_row = xp.concatenate([matrix.sum(axis=1, dtype=xp.uint64), last.sum(dtype=xp.uint64, keepdims=True)])
+        sums += [  # wrapping around 2**64 in arrays (NumPy warns of it in scalars)
+            xp.concatenate([columns, odd]).sum(dtype=xp.uint64, keepdims=True),
+            (columns * weights).sum(dtype=xp.uint64, keepdims=True),
+            (by_row * xp.arange(1, by_row.size + 1, dtype=xp.uint64)).sum(dtype=xp.uint64, keepdims=True),
         ]
-    flat = to_host(xp.stack(sums)).tolist()
+    flat = to_host(xp.concatenate(sums)).tolist()
     return list(zip(flat[::3], flat[1::3], flat[2::3]))
