@@ -68,7 +68,7 @@ def per_step(config: str, ranks: int) -> float:
     # 8 / R; stages 2-3 summed theirs round by round) and decodes it: stage 0 into node-shared grads
     reduce = 8 + 8 / ranks if stage <= 1 else 0
     updated = 1 if stage == 0 else 1 / ranks  # stage 0 updates every parameter on every rank
-    publish = {0: 8, 1: 8, 2: 8, 3: 0}[stage]  # stage 0 copies the master into the params; 1-2 all-gather them
+    publish = {0: 0, 1: 8, 2: 8, 3: 0}[stage]  # in float32 the master is the params at 0 and 3; 1-2 all-gather them
     return reduce + DECODE / ranks + ADAM * updated + publish
 
 
