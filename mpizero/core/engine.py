@@ -126,6 +126,7 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
                 for tally in self._tallies:
                     tally.note(f"gradients must be a dict or a list of dicts, got {type(listed).__name__}")
             in_hand = listed if isinstance(listed, Sequence) else ()
+            self._sample_handing_in(range(len(self.groups)), *in_hand)
             for index in range(len(self.groups)):
                 self.start_reduce(index, in_hand)
             result = self.finish_step()

@@ -63,14 +63,18 @@ class ParamAccess:
         for index in range(len(self.groups)) if indices is None else indices:
             self.memory_log.note(index, self.groups[index].memory())
 
-    def _sample_handing_in(self, indices: Iterable[int], grads) -> None:
-        """One sample as ``grads`` are handed in for groups ``indices``: the groups as noted, plus the caller's
-        gradients among the grads. They are alive while the engine reads them (a layer-wise trainer's unit
-        gradient, autograd's ``.grad``) and gone by the sample after."""
-        if not isinstance(grads, Mapping):
-            return
-        names = (name for index in indices for name in self.groups[index].layout.names if name in grads)
-        handed = sum(getattr(grads[name], "nbytes", 0) for name in names)
+    def _sample_handing_in(self, indices: Iterable[int], *contributions) -> None:
+        """One sample as ``contributions`` (dicts by name) are handed in for groups ``indices``: the groups as
+        noted, plus the caller's gradients among the grads. They are alive while the engine reads them (a
+        layer-wise trainer's unit gradient, autograd's ``.grad``) and gone by the sample after."""
+        names = [name for index in indices for name in self.groups[index].layout.names]
+        handed = sum(
+            getattr(grads[name], "nbytes", 0)
+            for grads in contributions
+            if isinstance(grads, Mapping)
+            for name in names
+            if name in grads
+        )
         self.memory_log.sample({"comm": self.collectives.held_bytes, "grads": handed})
 
     def _sample_after(self, indices: Iterable[int] | None = None) -> None:

@@ -86,11 +86,15 @@ class EditWatch:
 
     def open_block(self) -> None:
         """A ``gathered()`` block begins: keep a copy of the shown buffers (none where the engine never sees
-        them edited: ``Binder.kept_copy``)."""
-        self.blocks.append(self.binder.kept_copy())
+        them edited: ``Binder.kept_copy``). Inside another block, where the module's tensors are the masters,
+        the enclosing block's copy: what the inner one drops goes back to the masters as recorded, the
+        enclosing block's edit with it (as publishing the masters drops it at stages 1-2), never to one rank's
+        edit."""
+        nested = self.blocks and self.binder.shows_masters
+        self.blocks.append([copy.copy() for copy in self.blocks[-1]] if nested else self.binder.kept_copy())
 
     def close_block(self) -> list:
-        """The innermost ``gathered()`` block ends: its copy, as last recorded (``Binder.put_back`` takes it)."""
+        """The innermost ``gathered()`` block ends: its copy (``Binder.put_back`` takes it)."""
         return self.blocks.pop()
 
     def loaded(self) -> None:
@@ -218,7 +222,9 @@ def fingerprints(buffers: list) -> list[tuple[int, int, int]]:
     """Each flat float32 buffer's fingerprint: its 8-byte words summed, summed weighted by their column in rows of
     ``COLUMNS``, and summed weighted by their row (modulo 2**64), so that a write that only moves values (a weight
     transposed, its rows permuted, two words swapped through ``.data``) changes it as a write of other values
-    does: two words in the same column and row are one. Each buffer read twice on its device; one transfer back."""
+    does. Blind spot: the sums are linear modulo 2**64, so changes of 2**63 (the sign of the upper float32 of a
+    word flipped) cancel in pairs whose weights have the same parity. Each buffer read twice on its device; one
+    transfer back."""
     if not buffers:
         return []
     xp = array_module(buffers[0])
@@ -227,12 +233,12 @@ def fingerprints(buffers: list) -> list[tuple[int, int, int]]:
     for buffer in buffers:
         words = buffer.reshape(-1).view(xp.uint32)
         pairs = words[: words.size & ~1].view(xp.uint64)
-        rows = pairs.size - pairs.size % COLUMNS
-        matrix = pairs[:rows].reshape(-1, COLUMNS)
-        columns = matrix.sum(axis=0, dtype=xp.uint64) if rows else xp.zeros_like(weights)
-        columns[: pairs.size - rows] += pairs[rows:]
+        whole = pairs.size - pairs.size % COLUMNS  # the words in whole rows
+        matrix = pairs[:whole].reshape(-1, COLUMNS)
+        columns = matrix.sum(axis=0, dtype=xp.uint64)
+        columns[: pairs.size - whole] += pairs[whole:]
         odd = words[pairs.size * 2 :].astype(xp.uint64)  # the last float32 of an odd count, alone
-        last = xp.concatenate([pairs[rows:], odd])  # the partial row after the whole ones: the next row's weight
+        last = xp.concatenate([pairs[whole:], odd])  # the partial row after the whole ones: the next row's weight
         by_row = xp.concatenate([matrix.sum(axis=1, dtype=xp.uint64), last.sum(dtype=xp.uint64, keepdims=True)])
         sums += [  # wrapping around 2**64 in arrays (NumPy warns of it in scalars)
             xp.concatenate([columns, odd]).sum(dtype=xp.uint64, keepdims=True),

@@ -419,7 +419,7 @@ class ShardedModel:
                     self.binder.release(index)
                 if not left_normally or (not written and self.binder.shows_masters):
                     self.binder.put_back(kept)  # the block's edit is dropped (publishing does it where it copies)
-                if computed_with is not None and not written:
+                if computed_with is not None and not written and self.grads.handed_in:  # still this step's
                     self.edits.spoil_gradients(computed_with)
                 if left_normally:  # every rank is here: the masters are shown again
                     self.engine.publish()

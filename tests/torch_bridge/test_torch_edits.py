@@ -70,7 +70,8 @@ def test_edits_are_refused_or_dropped_alike_at_every_stage_and_rank(n):
 
 def assert_edits_in_order(stage: int, outcome: dict, every: str) -> None:
     """An edit followed by a read-out, a ``gathered()``, a step that raises early, a clip, a backward and a
-    writeback; a step, a load and a read-out inside ``gathered()``; a new ``.data`` (``torch_edits.ORDER_CASES``)."""
+    writeback; a step, a load, a read-out, a ``zero_grad()`` and a refused writeback inside ``gathered()``; a new
+    ``.data`` (``torch_edits.ORDER_CASES``)."""
     same = "; then as without the edit: True"
     assert outcome[stage, "step raising before its check"] == "refused; next step: refused" + same
     assert outcome[stage, "refused after clip"] == "refused; next step: done" + same
@@ -80,6 +81,9 @@ def assert_edits_in_order(stage: int, outcome: dict, every: str) -> None:
     assert outcome[stage, "read out inside gathered"] == f"{inside}; step: done" + same
     if stage < 3:  # kept by the writeback: the gradients computed with it are the step's
         assert outcome[stage, "writeback after backward"] == "done; as with the edit: True"
+    assert outcome[stage, "zero_grad inside gathered"] == "done" + same  # no gradients computed with it are left
+    if (stage, "nested refused writeback") in outcome:  # 2 ranks or more: rank 0's edit is dropped on every rank
+        assert outcome[stage, "nested refused writeback"] == "refused; step: done" + same
     stepped = "refused" if stage == 3 else "done"  # stage 3 shows gathered tensors inside the block: a step is refused
     assert outcome[stage, "step and load inside gathered"] == f"{stepped}; step kept: True" + same
     said = outcome[stage, "new .data"]

@@ -300,6 +300,33 @@ def writeback_after_backward(stage: int) -> str:
     return f"{result}; as with the edit: {masters_digest(zero) == masters_digest(zero_plain)}"
 
 
+def zero_grad_inside_gathered(stage: int) -> str:
+    """A new ``.data``, a backward with it, then ``zero_grad()`` inside ``gathered()``: those gradients are gone,
+    so the next backward's step is taken."""
+    model, zero, plain, zero_plain, _ = pair(stage)
+    model[2].bias.data = model[2].bias.data + 1
+    x, y = batch("mlp", 1, comm.rank)
+    loss("mlp", model(x), y).backward()
+    with zero.gathered():
+        zero.zero_grad()
+    result = word(lambda: train_step(model, zero, 1))
+    train_step(plain, zero_plain, 1)
+    return go_on(model, zero, plain, zero_plain, result)
+
+
+def nested_refused_writeback(stage: int) -> str:
+    """Rank 0 alone edits inside ``gathered()``, then a nested ``gathered(writeback=True)`` is refused (the ranks
+    differ): the edit is dropped on every rank, and the run goes on as without it."""
+    model, zero, plain, zero_plain, _ = pair(stage)
+    with zero.gathered():
+        if comm.rank == 0:
+            edit_under_no_grad(model)
+        result = word(lambda: show(zero, writeback=True))
+    result += "; step: " + word(lambda: train_step(model, zero, 1))
+    train_step(plain, zero_plain, 1)
+    return go_on(model, zero, plain, zero_plain, result)
+
+
 ORDER_CASES = {
     "edit then gathered": edit_then_gathered,
     "step raising before its check": step_raising_before_its_check,
@@ -309,6 +336,8 @@ ORDER_CASES = {
     "refused after clip": refused_after_clip,
     "read out inside gathered": read_out_inside_gathered,
     "writeback after backward": writeback_after_backward,
+    "zero_grad inside gathered": zero_grad_inside_gathered,
+    "nested refused writeback": nested_refused_writeback,
 }
 
 
@@ -338,6 +367,8 @@ for stage in range(4):
     for name in BETWEEN_STEPS:
         outcomes.append(f"stage {stage} {name}: {between_steps(stage, name)}")
     for name, case in ORDER_CASES.items():
+        if name == "nested refused writeback" and comm.size == 1:
+            continue  # one rank's edit is every rank's
         outcomes.append(f"stage {stage} {name}: {case(stage)}")
     for how in ("no writeback", "exception inside", "refused writeback"):
         if how == "refused writeback" and comm.size == 1:
