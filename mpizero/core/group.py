@@ -309,12 +309,9 @@ class FlatGroup:
     def publish(self, collectives) -> None:
         """Copy the master shard into the parameters every rank will use next."""
         publish = self.plan.publish
-        if publish is Publish.COPY_FULL:
-            if not self.shares_master:
-                to_held(self.master_shard, self.held_dtype, out=self.full_params)
-            return
-        if not self.shares_master:
-            to_held(self.master_shard, self.held_dtype, out=self.param_shard)
+        if not self.shares_master:  # else the update wrote the params themselves
+            out = self.full_params if publish is Publish.COPY_FULL else self.param_shard
+            to_held(self.master_shard, self.held_dtype, out=out)
         if publish is Publish.COPY_THEN_ALLGATHER:
             collectives.allgather_in_place(self.full_params)
 
