@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from mpizero.arrays import array_module, to_host
+from mpizero.torch.fingerprint import fingerprints
 
 SHOWN = 5  # parameters named in a message, at most
 
@@ -213,37 +213,3 @@ def _looks(p: torch.nn.Parameter) -> tuple:
 def _names(names: list[str]) -> str:
     shown = ", ".join(map(repr, names[:SHOWN]))
     return shown + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
-
-
-COLUMNS = 4093  # words per row of a fingerprint: a prime, so that no tensor's rows line up with its rows
-
-
-def fingerprints(buffers: list) -> list[tuple[int, int, int]]:
-    """Each flat float32 buffer's fingerprint: its 8-byte words summed, summed weighted by their column in rows of
-    ``COLUMNS``, and summed weighted by their row (modulo 2**64), so that a write that only moves values (a weight
-    transposed, its rows permuted, two words swapped through ``.data``) changes it as a write of other values
-    does. Blind spot: the sums are linear modulo 2**64, so changes of 2**63 (the sign of the upper float32 of a
-    word flipped) cancel in pairs whose weights have the same parity. Each buffer read twice on its device; one
-    transfer back."""
-    if not buffers:
-        return []
-    xp = array_module(buffers[0])
-    weights = xp.arange(1, COLUMNS + 1, dtype=xp.uint64)
-    sums = []
-    for buffer in buffers:
-        words = buffer.reshape(-1).view(xp.uint32)
-        pairs = words[: words.size & ~1].view(xp.uint64)
-        whole = pairs.size - pairs.size % COLUMNS  # the words in whole rows
-        matrix = pairs[:whole].reshape(-1, COLUMNS)
-        columns = matrix.sum(axis=0, dtype=xp.uint64)
-        columns[: pairs.size - whole] += pairs[whole:]
-        odd = words[pairs.size * 2 :].astype(xp.uint64)  # the last float32 of an odd count, alone
-        last = xp.concatenate([pairs[whole:], odd])  # the partial row after the whole ones: the next row's weight
-        by_row = xp.concatenate([matrix.sum(axis=1, dtype=xp.uint64), last.sum(dtype=xp.uint64, keepdims=True)])
-        sums += [  # wrapping around 2**64 in arrays (NumPy warns of it in scalars)
-            xp.concatenate([columns, odd]).sum(dtype=xp.uint64, keepdims=True),
-            (columns * weights).sum(dtype=xp.uint64, keepdims=True),
-            (by_row * xp.arange(1, by_row.size + 1, dtype=xp.uint64)).sum(dtype=xp.uint64, keepdims=True),
-        ]
-    flat = to_host(xp.concatenate(sums)).tolist()
-    return list(zip(flat[::3], flat[1::3], flat[2::3]))

@@ -12,8 +12,8 @@ from mpirun import run_mpi, run_mpi_ok
 torch = pytest.importorskip("torch", reason="mpizero.torch needs torch: add its CPU build (docs/getting-started.md)")
 
 import mpizero  # noqa: E402
-from mpizero.torch import shard  # noqa: E402
-from mpizero.torch.edits import COLUMNS, fingerprints  # noqa: E402
+from mpizero.torch import fingerprint, shard  # noqa: E402
+from mpizero.torch.fingerprint import COLUMNS, _by_formula, fingerprints  # noqa: E402
 
 EDITED = "changed in place since the last step"
 MASTERS = "the parameters are the masters, so the edit reached this rank's masters"
@@ -110,6 +110,17 @@ def test_a_fingerprint_sees_any_two_words_swapped():
         swapped = values.copy()
         swapped[[first, second]] = swapped[[second, first]]
         assert fingerprints([swapped]) != original, (first, second)
+
+
+@pytest.mark.parametrize("numel", [0, 1, 2, 3, 2 * COLUMNS - 1, 2 * COLUMNS, 2 * COLUMNS + 1, 6 * COLUMNS + 5, 100_003])
+def test_the_compiled_fingerprint_gives_the_formulas_sums(numel):
+    """The host's one compiled pass sums what the formula (a device's, or NumPy's where nothing compiles) sums:
+    odd counts, partial last rows and whole ones; values across the float32 range, so that the sums wrap."""
+    if fingerprint._compiled() is None:
+        pytest.skip("no C compiler here: the host fingerprints by formula too")
+    rng = np.random.default_rng(numel)
+    values = rng.integers(0, 2**32, numel, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    assert fingerprints([values, values[::-1].copy()]) == _by_formula([values, values[::-1].copy()])
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2])

@@ -1,0 +1,102 @@
+"""A fingerprint of a flat parameter buffer: what gives away a write through ``.data`` that torch does not count.
+
+Each buffer's 8-byte words are summed three ways modulo 2**64: plainly, weighted by their column in rows of
+``COLUMNS`` words, and weighted by their row, so that a write that only moves values (a weight transposed, its
+rows permuted, two words swapped) changes the fingerprint as a write of other values does. Blind spot: the sums
+are linear modulo 2**64, so changes of 2**63 (the sign of the upper float32 of a word flipped) cancel in pairs
+whose weights have the same parity. On the host one compiled pass reads each buffer once (``SOURCE``); on a
+device, or where nothing compiles, NumPy or CuPy evaluates the same sums (``_by_formula``: two passes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+
+from mpizero import compiled
+from mpizero.arrays import array_module, to_host
+
+COLUMNS = 4093  # words per row: a prime, so that no tensor's rows line up with its rows
+
+SOURCE = f"""MZ_CLONES
+void mz_fingerprint(const uint32_t *floats, size_t count, uint64_t *out) {{
+    size_t words = count / 2;  /* 8-byte words: two float32s each, the first the lower half */
+    uint64_t total = 0, by_column = 0, by_row = 0, row = 1;
+    for (size_t lo = 0; lo < words; lo += {COLUMNS}, row++) {{  /* a row stays in cache while it is weighed */
+        size_t width = words - lo < {COLUMNS} ? words - lo : {COLUMNS};
+        const uint32_t *x = floats + 2 * lo;
+        uint64_t sum = 0, weighted = 0;
+        for (size_t column = 0; column < width; column++) {{
+            uint64_t word = (uint64_t) x[2 * column] | ((uint64_t) x[2 * column + 1] << 32);
+            sum += word;
+            weighted += word * (uint64_t) (column + 1);
+        }}
+        total += sum;
+        by_column += weighted;
+        by_row += sum * row;
+    }}
+    if (count & 1) {{  /* the last float32 of an odd count, alone: in the row after the whole ones */
+        uint64_t odd = floats[count - 1];
+        total += odd;
+        by_row += odd * (uint64_t) (words / {COLUMNS} + 1);
+    }}
+    out[0] = total;
+    out[1] = by_column;
+    out[2] = by_row;
+}}
+"""  # unsigned sums wrap around 2**64, as NumPy's uint64 arrays do
+
+
+def fingerprints(buffers: list) -> list[tuple[int, int, int]]:
+    """Each flat float32 buffer's fingerprint (the module's three sums): compiled on the host, one pass each;
+    on a device by formula, with one transfer back for all."""
+    if not buffers:
+        return []
+    kernel = _compiled() if array_module(buffers[0]) is np else None
+    if kernel is None:
+        return _by_formula(buffers)
+    return [_one_pass(kernel, buffer) for buffer in buffers]
+
+
+def _one_pass(kernel, buffer: np.ndarray) -> tuple[int, int, int]:
+    floats = np.ascontiguousarray(buffer).reshape(-1).view(np.uint32)
+    out = np.empty(3, dtype=np.uint64)
+    kernel(floats.ctypes.data, floats.size, out.ctypes.data)
+    return tuple(out.tolist())
+
+
+def _by_formula(buffers: list) -> list[tuple[int, int, int]]:
+    """The three sums with the buffers' array module: each buffer read twice on its device; one transfer back."""
+    xp = array_module(buffers[0])
+    weights = xp.arange(1, COLUMNS + 1, dtype=xp.uint64)
+    sums = []
+    for buffer in buffers:
+        words = buffer.reshape(-1).view(xp.uint32)
+        pairs = words[: words.size & ~1].view(xp.uint64)
+        whole = pairs.size - pairs.size % COLUMNS  # the words in whole rows
+        matrix = pairs[:whole].reshape(-1, COLUMNS)
+        columns = matrix.sum(axis=0, dtype=xp.uint64)
+        columns[: pairs.size - whole] += pairs[whole:]
+        odd = words[pairs.size * 2 :].astype(xp.uint64)  # the last float32 of an odd count, alone
+        last = xp.concatenate([pairs[whole:], odd])  # the partial row after the whole ones: the next row's weight
+        by_row = xp.concatenate([matrix.sum(axis=1, dtype=xp.uint64), last.sum(dtype=xp.uint64, keepdims=True)])
+        sums += [  # wrapping around 2**64 in arrays (NumPy warns of it in scalars)
+            xp.concatenate([columns, odd]).sum(dtype=xp.uint64, keepdims=True),
+            (columns * weights).sum(dtype=xp.uint64, keepdims=True),
+            (by_row * xp.arange(1, by_row.size + 1, dtype=xp.uint64)).sum(dtype=xp.uint64, keepdims=True),
+        ]
+    flat = to_host(xp.concatenate(sums)).tolist()
+    return list(zip(flat[::3], flat[1::3], flat[2::3]))
+
+
+@functools.cache
+def _compiled():
+    """``mz_fingerprint``, typed, or None where nothing compiles (or ``MPIZERO_HOST_KERNELS=numpy``)."""
+    library = compiled.kernel_library("fingerprint", SOURCE)[0]
+    if library is None:
+        return None
+    library.mz_fingerprint.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    library.mz_fingerprint.restype = None
+    return library.mz_fingerprint
