@@ -68,7 +68,9 @@ def per_step(config: str, ranks: int) -> float:
     # 8 / R; stages 2-3 summed theirs round by round) and decodes it: stage 0 into node-shared grads
     reduce = 8 + 8 / ranks if stage <= 1 else 0
     updated = 1 if stage == 0 else 1 / ranks  # stage 0 updates every parameter on every rank
-    publish = {0: 0, 1: 8, 2: 8, 3: 0}[stage]  # in float32 the master is the params at 0 and 3; 1-2 all-gather them
+    # in float32 the master is the params at every stage; 1-2 all-gather the other ranks' blocks (read and write
+    # 4 bytes each through MPI's shared memory)
+    publish = 8 * (ranks - 1) / ranks if stage in (1, 2) else 0
     return reduce + DECODE / ranks + ADAM * updated + publish
 
 

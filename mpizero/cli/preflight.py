@@ -3,7 +3,7 @@
 Each rank checks what it can see (its host's available memory for the ranks
 on it, the free space of each file system its host writes to, for what every
 rank of the host will write there together: the offload files each claims at
-set-up, and rank 0's outputs and first checkpoint; whether rank 0 can create
+set-up, and rank 0's outputs and the checkpoints on disk at once; whether rank 0 can create
 the files of the last checkpoint it will save) and the ranks agree, so a run
 that could not finish stops now, on every rank with the same message, rather
 than after its steps. (The key is agreed earlier, by ``main``.)
@@ -118,12 +118,13 @@ def device_memory() -> int | None:
 
 
 def space_needed(args, numel: int, ranks: int) -> list[tuple[str, str, int]]:
-    """What rank 0's outputs and one checkpoint of ``numel`` parameters (every rank's files) will write:
-    ``(flag, path, bytes)``."""
+    """What rank 0's outputs and the checkpoints of ``numel`` parameters (every rank's files) that will be on disk
+    at once will write: ``(flag, path, bytes)``. The ``--keep`` newest stay while the next is written."""
     states = 1 + OPTIMIZERS[args.optimizer].states_per_element()
     needs = []
     if args.checkpoint_dir:
-        needs.append(("--checkpoint-dir", args.checkpoint_dir, 4 * states * numel + JSON_BYTES))
+        at_once = min(args.steps // args.checkpoint_every, args.keep + 1)
+        needs.append(("--checkpoint-dir", args.checkpoint_dir, at_once * (4 * states * numel + JSON_BYTES)))
     if args.save_params:
         needs.append(("--save-params", args.save_params, 4 * numel + JSON_BYTES))
     if args.memory_json:

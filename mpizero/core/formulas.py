@@ -114,7 +114,7 @@ def _grad_bytes(setup: Setup, plan: ShardPlan) -> int:
 
 
 def _master_bytes(setup: Setup, plan: ShardPlan) -> int:
-    """One group's separate fp32 master shard (none where it is the params themselves: float32 at stages 0 and 3)."""
+    """One group's separate fp32 master shard (none where it is the params themselves: float32, at every stage)."""
     return 0 if plan.master_is_params(setup.param_bytes) else span(plan.owned_range) * 4
 
 

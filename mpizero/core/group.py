@@ -17,9 +17,9 @@ Glossary (these names and no others):
   stage 0 on one host the averaged grads are node-shared (``grad blocks``):
   each rank decodes its block, and reads every rank's in place.
 - master shard: float32 parameters over the owned range; the optimizer's copy.
-  With float32 params at stage 0 it is the full params themselves, at stage 3
-  the param shard (one buffer, ``ShardPlan.master_is_params``): the update
-  writes the params directly.
+  With float32 params it is the params themselves (one buffer,
+  ``ShardPlan.master_is_params``): the full params at stage 0, the param shard
+  at stages 1-3; the update writes the params directly.
 - optimizer state shard: the optimizer's buffers over the owned range.
 - padding: the zeros after the last tensor; they stay zero through every update.
 - place (``states``): where the master, optimizer state and grad shards live,
@@ -154,8 +154,8 @@ class FlatGroup:
     @property
     def _owned_params(self):
         """The params this rank holds over its owned range, where they are the master (``shares_master``): the
-        param shard at stage 3, the full params at stage 0."""
-        return self.param_shard if self.plan.gathers_params else self.full_params
+        full params at stage 0, the param shard (a view of them at stages 1-2) where the owned range is it."""
+        return self.param_shard if self.plan.owns_shard else self.full_params
 
     @property
     def master_shard(self):

@@ -66,7 +66,7 @@ class Publish(enum.Enum):
     """How the updated master shard reaches the parameters every rank computes with."""
 
     COPY_FULL = "copy the whole master into the full params"
-    COPY_THEN_ALLGATHER = "copy the shard into the full params, then all-gather them"
+    COPY_THEN_ALLGATHER = "copy the shard into the full params (none in float32), then all-gather them"
     COPY_SHARD = "copy the shard into the param shard; full params are gathered when used"
 
 
@@ -84,9 +84,14 @@ class ShardPlan:
         return self.partition.shard_range(self.rank)
 
     @property
+    def owns_shard(self) -> bool:
+        """Whether this rank updates only its block (grad, master and optimizer state shards), not all of it."""
+        return self.sharding.optimizer
+
+    @property
     def owned_range(self) -> tuple[int, int]:
         """What this rank updates (grad, master and optimizer state shards): its block, or all at stage 0."""
-        return self.shard_range if self.sharding.optimizer else (0, self.partition.padded_numel)
+        return self.shard_range if self.owns_shard else (0, self.partition.padded_numel)
 
     @property
     def params_range(self) -> tuple[int, int]:
@@ -117,10 +122,10 @@ class ShardPlan:
 
     def master_is_params(self, param_bytes: int) -> bool:
         """Whether the master is the float32 params this rank holds over its owned range: the full params where
-        the optimizer is not sharded (stage 0), the param shard where the params are (stage 3). Both would hold
-        the same values after every publish, so one buffer serves as both and the optimizer updates the params in
-        place. At stages 1-2 the owned range is a shard of full params that the all-gather rewrites."""
-        return param_bytes == 4 and (self.sharding.params or not self.sharding.optimizer)
+        the optimizer is not sharded (stage 0), this rank's block of them at stages 1-2 (the all-gather in place
+        sends it and rewrites only the others'), the param shard at stage 3. Both would hold the same values
+        after every publish, so one buffer serves as both and the optimizer updates the params in place."""
+        return param_bytes == 4
 
     @property
     def shares_averaged_grads(self) -> bool:

@@ -4,18 +4,18 @@ Between steps a sharded model's parameters change only through ``step()``,
 ``gathered(writeback=True)``, ``load_state_dict()`` and ``zero.load()``. Any
 other edit (an in-place op under ``no_grad``, ``nn.init``, a write through
 ``.data`` or ``.detach()``, a new ``.data``) would be computed with at stages
-0-2 and reach only the piece of the masters each rank owns at stages 1-2,
-this rank's masters at stage 0 in float32 (the module's tensors are the
-masters there), and at stage 3 act on an empty placeholder; a
+0-2 and, in float32, reach this rank's masters there (the module's tensors
+hold them: all of them at stage 0, this rank's block at stages 1-2), and at
+stage 3 act on an empty placeholder; a
 ``requires_grad`` turned on or off would leave a parameter untrained, or
 updated without the gradients it no longer gets. So the next ``step()`` refuses every
 such edit with the same error on every rank, naming the parameters, and so
 does every step after it until ``gathered()`` or a load shows the masters
 again (a refused edit is still shown; gradients computed with it before
 ``gathered()`` dropped it are refused too). An edit that reached the masters
-themselves, stage 0's in float32 (the module's tensors are the masters) or
-stage 3's inside a forward, only a load undoes, or, at stage 0, a writeback
-every rank agrees on; until then, at stage 0, whatever reads the masters out or
+themselves, stages 0-2's in float32 (the module's tensors hold the masters) or
+stage 3's inside a forward, only a load undoes, or, at stages 0-2, a writeback
+every rank agrees on; until then, at stages 0-2, whatever reads the masters out or
 shows them (``gathered()``, ``state_dict()``, ``master_params()``, ``save()``)
 refuses it too. An exception that leaves ``gathered()`` on some rank drops the
 block's edit there at once, at every stage, and that rank's next steps are
@@ -45,7 +45,7 @@ class EditWatch:
     """What every parameter of a sharded model looks like after the bridge last set it; what changed since.
 
     What it refuses, and until when: ``refusal``, an edit still shown, until the masters are shown again (a
-    ``record``); ``in_masters``, an edit of the masters themselves (stage 0 in float32), until a load or an agreed
+    ``record``); ``in_masters``, an edit of the masters themselves (stages 0-2 in float32), until a load or an agreed
     writeback, and no ``record`` is taken meanwhile; ``spoiled``, this step's gradients, computed with an edit
     that ``gathered()`` dropped, until the step or ``zero_grad()`` drops them. Each open ``gathered()`` block
     keeps a copy of the shown buffers as last recorded (``open_block``), which a dropped edit shows again.
@@ -88,8 +88,8 @@ class EditWatch:
         """A ``gathered()`` block begins: keep a copy of the shown buffers (none where the engine never sees
         them edited: ``Binder.kept_copy``). Inside another block, where the module's tensors are the masters,
         the enclosing block's copy: what the inner one drops goes back to the masters as recorded, the
-        enclosing block's edit with it (as publishing the masters drops it at stages 1-2), never to one rank's
-        edit."""
+        enclosing block's edit with it (as publishing the masters drops it where the params are a copy of them),
+        never to one rank's edit."""
         nested = self.blocks and self.binder.shows_masters
         self.blocks.append([copy.copy() for copy in self.blocks[-1]] if nested else self.binder.kept_copy())
 
@@ -131,7 +131,7 @@ class EditWatch:
         return self.refusal or self.spoiled
 
     def masters_edited(self) -> str | None:
-        """Where the module's tensors are the masters themselves (``Binder.shows_masters``: stage 0 in float32),
+        """Where the module's tensors hold the masters themselves (``Binder.shows_masters``: stages 0-2 in float32),
         whether their bytes changed since ``record``, in words (None if not, and elsewhere). Outside a
         ``gathered()`` block such an edit is kept until a load or an agreed writeback (``in_masters``): showing
         the masters again cannot drop it. Inside one, the block's end drops or writes back what it finds."""
@@ -143,7 +143,7 @@ class EditWatch:
         counted = [name for name in changed if _looks(self.params[name]) != self.seen[name]]
         what = f"parameters {_names(counted)}" if counted else f"one or more of the parameters {_names(changed)}"
         edit = (
-            f"{what} {CHANGED}; at stage 0 in float32 the parameters are the masters, so the edit reached this "
+            f"{what} {CHANGED}; at stages 0-2 in float32 the parameters hold the masters, so the edit reached this "
             "rank's masters (perhaps not the other ranks'), and `zero.gathered()` cannot drop it: load a "
             "checkpoint or a state dict, or, if every rank made the same edit, keep it with `with "
             "zero.gathered(writeback=True): pass`"

@@ -194,9 +194,9 @@ class Binder:
 
     @property
     def shows_masters(self) -> bool:
-        """Whether the module's tensors between steps are the engine's masters themselves (float32 at stage 0:
-        ``ShardPlan.master_is_params``): an edit of them reaches the masters, which a load undoes, or an agreed
-        writeback keeps (``edits``)."""
+        """Whether the module's tensors between steps hold the engine's masters themselves (float32 at stages 0-2:
+        ``ShardPlan.master_is_params``; this rank's block of them at stages 1-2): an edit of them reaches the
+        masters, which a load undoes, or an agreed writeback keeps (``edits``)."""
         return self.zero_copy and not self.sharded and self.engine.groups[0].shares_master
 
     def kept_copy(self) -> list:

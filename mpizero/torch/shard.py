@@ -377,7 +377,7 @@ class ShardedModel:
         ``writeback=True``: changes made inside go back into the masters on leaving; every rank must make the
         same changes (checked). Without it, or when the block raises, they are dropped at every stage: the module
         shows and computes with the parameters as before the block, or as a step or a load inside it left them.
-        At stage 0 in float32 the module's tensors are the masters: an edit made before the block is refused on
+        At stages 0-2 in float32 the module's tensors hold the masters: an edit made before the block is refused on
         entry, or, with ``writeback=True``, kept if every rank wrote back the same (``edits``). ``grads=True``:
         after this step's backward passes, reduce their gradients now (as ``clip_grad_norm_`` does) and show each
         parameter's averaged gradient in its ``.grad`` inside the block (copies, for reading: ``step()`` uses the
@@ -428,7 +428,7 @@ class ShardedModel:
                     self.edits.refuse(GATHERED_RAISED)
 
     def _refuse_edited_masters(self, context: str) -> None:
-        """Where the module's tensors are the masters themselves (stage 0 in float32), refuse on every rank to read
+        """Where the module's tensors hold the masters themselves (stages 0-2 in float32), refuse on every rank to read
         them out, or to show them as they are, while some rank's were edited outside the documented ways: they
         are not the masters the other ranks hold (collective there)."""
         if self.binder.shows_masters:

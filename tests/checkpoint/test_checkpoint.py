@@ -205,9 +205,9 @@ def small_disk(tmp_path, kib: int):
     return mount
 
 
-def mounted(tmp_path, mib: int):
-    """A tmpfs of ``mib`` MiB for the test, unmounted after it."""
-    mount = small_disk(tmp_path, mib)
+def mounted(tmp_path, kib: int):
+    """A tmpfs of ``kib`` KiB for the test, unmounted after it."""
+    mount = small_disk(tmp_path, kib)
     try:
         yield mount
     finally:
@@ -221,7 +221,7 @@ def tiny_disk(tmp_path):
 
 @pytest.fixture
 def disk_for_one_save(tmp_path):
-    yield from mounted(tmp_path, 144)
+    yield from mounted(tmp_path, 64)
 
 
 def test_too_little_free_space_is_refused_before_the_first_step(tiny_disk):
@@ -234,12 +234,12 @@ def test_too_little_free_space_is_refused_before_the_first_step(tiny_disk):
 
 
 def test_a_full_disk_names_the_os_error_and_leaves_nothing(disk_for_one_save):
-    done = train(2, 2, 4, "--checkpoint-dir", disk_for_one_save, "--checkpoint-every", 2, ok=False)
-    assert done.returncode == 2, done.stderr
-    errors = [line for line in done.stderr.splitlines() if line.startswith("mpizero: error:")]
-    assert len(errors) == 1 and "checkpoint save" in errors[0], done.stderr
-    assert "ENOSPC (No space left on device)" in errors[0] and ".bin" in errors[0], errors[0]
-    assert os.listdir(disk_for_one_save) == ["ckpt-00000002"]  # the partial second save was removed
+    """A second save that does not fit (``train`` refuses such a run up front: ``test_bad_input``) fails on every
+    rank with the OS's error, and its partial files are removed."""
+    said = run_mpi_ok(2, ["-m", "mpi4py", "tests/checkpoint/full_disk.py", str(disk_for_one_save)]).splitlines()
+    assert said[0].startswith("refused: ") and "ENOSPC (No space left on device)" in said[0], said
+    assert ".bin" in said[0], said
+    assert said[1] == "holds ['ckpt-00000002']"  # the partial second save was removed
 
 
 # A run owns its checkpoint directory.

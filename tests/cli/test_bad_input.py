@@ -286,8 +286,9 @@ def small_file_system(tmp_path):
 
 
 def test_offload_files_and_a_checkpoint_that_fit_apart_but_not_together_are_refused_before_step_1(small_file_system):
-    """Both ranks' offload files (3.0 MB) fit in 4 MiB, and so would the first checkpoint (1.6 MB), but not both:
-    refused before any work, where the run used to take a step and fail its first save with ENOSPC."""
+    """Both ranks' offload files (2.5 MB) fit in 4 MiB, and so would the first checkpoint (1.6 MB), but not both,
+    nor the three checkpoints on disk at once while the third is written (``--keep 2``): refused before any work,
+    where the run used to take a step and fail a save with ENOSPC."""
     off, ckpt = small_file_system / "off", small_file_system / "ckpt"
     args = ["--stage", "2", "--width", "320", "--steps", "3", "--checkpoint-every", "1"]
     done = run_mpi(2, ["-m", "mpizero", "train", *args, "--offload-dir", str(off), "--checkpoint-dir", str(ckpt)])

@@ -73,15 +73,15 @@ def check_memory_by_stage():
         owned = padded if stage == 0 else shard
         held = engine.memory()
         assert held["params"] == 4 * sum(shard if stage == 3 else padded), (stage, held)
-        # float32: the master is the full params at stage 0, the param shard at stage 3
-        assert held["master"] == (0 if stage in (0, 3) else 4 * sum(owned)), (stage, held)
+        # float32: the master is the params, counted there: the full params at stage 0, the param shard at 1-3
+        assert held["master"] == 0, (stage, held)
         # stage 0 with every rank on one host: the averaged grads are node-shared, each rank holds its block
         shared_grads = stage == 0 and engine.collectives.shared
         assert held["grads"] == 4 * sum(shard if shared_grads else owned), (stage, held)
         assert [g.gradients.grad_blocks is not None for g in engine.groups] == [shared_grads] * len(engine.groups)
         if shared_grads:
             assert all(g.grad_shard is g.gradients.grad_blocks.whole for g in engine.groups)
-        assert all((g.master_shard is g.param_shard) == (stage == 3) for g in engine.groups), stage
+        assert all(g.master_shard is (g.full_params if stage == 0 else g.param_shard) for g in engine.groups), stage
         assert held["optimizer"] == 2 * 4 * sum(owned)
         arena = 8 * max(padded) if engine.collectives.shared else 0  # stages 2-3: the one shared bucket buffer
         assert held["comm"] == (8 * sum(padded) if stage < 2 else arena), (stage, held)

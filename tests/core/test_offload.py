@@ -140,8 +140,8 @@ def test_estimate_offload_says_what_lives_on_disk_and_how_large_a_model_fits():
     out = run_mpi_ok(1, ["-m", "mpizero", "estimate", "--model", "mlp", "--ranks", "4", "--offload"] + FITS)
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line[:1].isdigit()}
     assert rows["3"][-3:] == ["20.0", "B", f"{8e9 / 20:.3g}"]  # 2 moments and the gradient, 4 bytes each; 8 of sums
-    # stage 0: every rank its whole moments and gradient and 8 bytes of sums; its master is the params (float32)
-    assert [row[-1] for row in rows.values()] == [f"{8e9 / per:.3g}" for per in (80, 24, 24, 20)]
+    # stage 0: every rank its whole moments and gradient and 8 bytes of sums; the master is the params (float32)
+    assert [row[-1] for row in rows.values()] == [f"{8e9 / per:.3g}" for per in (80, 20, 20, 20)]
 
 
 FITS = ["--ram", "1e12", "--disk", "8e9"]  # memory to spare: the disk decides

@@ -35,11 +35,11 @@ def test_the_plan_answers_per_stage():
     }
 
 
-def test_only_stages_0_and_3_in_float32_keep_the_master_in_the_params():
+def test_every_stage_in_float32_and_none_in_16_bits_keeps_the_master_in_the_params():
     partition = Partition(10, 2)
     plans = {stage: ShardPlan(row, partition, 1) for stage, row in STAGES.items()}
     shared = [(stage, nbytes) for stage, p in plans.items() for nbytes in (4, 2) if p.master_is_params(nbytes)]
-    assert shared == [(0, 4), (3, 4)]
+    assert shared == [(0, 4), (1, 4), (2, 4), (3, 4)]
 
 
 def test_step_calls_out_of_order_name_the_problem():

@@ -131,11 +131,11 @@ def inside_gathered(stage: int, how: str) -> str:
     return f"{result}; then as without the edit: {same}"
 
 
-def pair(stage: int):
+def pair(stage: int, param_dtype: str = "float32"):
     """A model and a plain twin, sharded alike, each one step in; the model's state dict then, on every rank."""
     model, plain = make("mlp"), make("mlp")
-    zero = shard(model, mpizero.SGD(lr=0.1), comm=comm, stage=stage)
-    zero_plain = shard(plain, mpizero.SGD(lr=0.1), comm=comm, stage=stage)
+    zero = shard(model, mpizero.SGD(lr=0.1), comm=comm, stage=stage, param_dtype=param_dtype)
+    zero_plain = shard(plain, mpizero.SGD(lr=0.1), comm=comm, stage=stage, param_dtype=param_dtype)
     train_step(model, zero, 0)
     train_step(plain, zero_plain, 0)
     return model, zero, plain, zero_plain, zero.state_dict(all_ranks=True)
@@ -158,16 +158,17 @@ def go_on(model, zero, plain, zero_plain, result: str) -> str:
     return f"{result}; then as without the edit: {masters_digest(zero) == masters_digest(zero_plain)}"
 
 
-def edit_then_gathered(stage: int) -> str:
-    """An edit, a backward, then ``gathered(grads=True)`` before the step: dropped there at stages 1-3; at stage 0
-    in float32 (the module's tensors are the masters) refused on entry and at the step, and kept by an agreed
-    writeback (every rank made the same edit; the twin makes it inside ``gathered(writeback=True)``)."""
-    model, zero, plain, zero_plain, _ = pair(stage)
+def edit_then_gathered(stage: int, param_dtype: str = "float32") -> str:
+    """An edit, a backward, then ``gathered(grads=True)`` before the step: dropped there at stage 3, and where the
+    module's tensors are copies of the masters (16-bit params); at stages 0-2 in float32 (the module's tensors hold
+    the masters) refused on entry and at the step, and kept by an agreed writeback (every rank made the same edit;
+    the twin makes it inside ``gathered(writeback=True)``)."""
+    model, zero, plain, zero_plain, _ = pair(stage, param_dtype)
     edit_under_no_grad(model)
     x, y = batch("mlp", 1, comm.rank)
     loss("mlp", model(x), y).backward()
     result = outcome(lambda: show(zero, grads=True))
-    if result == "done":  # stages 1-3: the edit is dropped, and the step refuses gradients computed with it
+    if result == "done":  # dropped: the step refuses gradients computed with it
         result += "; step: " + outcome(zero.step)
         if not result.endswith("; step: done"):
             show(zero)
@@ -370,6 +371,8 @@ for stage in range(4):
         if name == "nested refused writeback" and comm.size == 1:
             continue  # one rank's edit is every rank's
         outcomes.append(f"stage {stage} {name}: {case(stage)}")
+    if stage < 3:  # the module's tensors are float32 copies of bfloat16 params: gathered() drops the edit
+        outcomes.append(f"stage {stage} edit then gathered in bfloat16: {edit_then_gathered(stage, 'bfloat16')}")
     for how in ("no writeback", "exception inside", "refused writeback"):
         if how == "refused writeback" and comm.size == 1:
             continue  # one rank's edit is every rank's
