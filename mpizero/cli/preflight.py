@@ -117,14 +117,23 @@ def device_memory() -> int | None:
         return None
 
 
+def checkpoints_to_come(args) -> int:
+    """The most checkpoints this run will have on disk at once beyond those there now: the ``--keep`` newest stay
+    while the next is written; a resumed run's are there already, and its saves up to the step it resumes after
+    are made."""
+    there = [found.step for found in catalog.catalog(args.checkpoint_dir) if found.complete and found.step]
+    saves = args.steps // args.checkpoint_every - max(there, default=0) // args.checkpoint_every
+    return max(min(saves, args.keep + 1 - min(len(there), args.keep)), 0)
+
+
 def space_needed(args, numel: int, ranks: int) -> list[tuple[str, str, int]]:
-    """What rank 0's outputs and the checkpoints of ``numel`` parameters (every rank's files) that will be on disk
-    at once will write: ``(flag, path, bytes)``. The ``--keep`` newest stay while the next is written."""
+    """What rank 0's outputs and the checkpoints of ``numel`` parameters (every rank's files) will write at most
+    beyond what is on disk now (``checkpoints_to_come``): ``(flag, path, bytes)``."""
     states = 1 + OPTIMIZERS[args.optimizer].states_per_element()
     needs = []
     if args.checkpoint_dir:
-        at_once = min(args.steps // args.checkpoint_every, args.keep + 1)
-        needs.append(("--checkpoint-dir", args.checkpoint_dir, at_once * (4 * states * numel + JSON_BYTES)))
+        more = checkpoints_to_come(args)
+        needs.append(("--checkpoint-dir", args.checkpoint_dir, more * (4 * states * numel + JSON_BYTES)))
     if args.save_params:
         needs.append(("--save-params", args.save_params, 4 * numel + JSON_BYTES))
     if args.memory_json:

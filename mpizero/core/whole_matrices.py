@@ -45,21 +45,22 @@ def update(group, rule, hyper: tuple, step: int, collectives) -> None:
     start, stop = group.owned_range
     direction = xp.zeros(stop - start, np.float32)
     for g, lo, hi in group.optimizer_runs:
-        arrays = {name: a[lo:hi] for name, a in states.items()}
         if rule.whole(hyper[g]):
+            arrays = {name: a[lo:hi] for name, a in states.items()}
             arrays["direction"] = direction[lo:hi]
             apply_step(rule.momentum_phase, hyper[g], step, master[lo:hi], grad[lo:hi], arrays)
-        else:
-            apply_step(rule, hyper[g], step, master[lo:hi], grad[lo:hi], arrays)
     whole = [(i, spec) for i, spec in enumerate(group.layout.specs) if rule.whole(hyper[group.tensor_groups[i]])]
-    if not whole:
-        return
-    orthogonal = _orthogonalized(
+    orthogonal = whole and _orthogonalized(
         group, rule, hyper, whole, _whole_direction(group, direction, collectives), collectives
     )
+    # no master is written before every owner has orthogonalised (agreed): at stages 1-2 the master is this rank's
+    # block of the params, and a failure after a write would leave the ranks computing with different params
     for g, lo, hi in group.optimizer_runs:
         if rule.whole(hyper[g]):
             apply_step(rule.apply_phase, hyper[g], step, master[lo:hi], grad[lo:hi], {"orthogonal": orthogonal[lo:hi]})
+        else:
+            arrays = {name: a[lo:hi] for name, a in states.items()}
+            apply_step(rule, hyper[g], step, master[lo:hi], grad[lo:hi], arrays)
 
 
 def _whole_direction(group, direction, collectives):

@@ -56,7 +56,7 @@ class EditWatch:
         self.model, self.params, self.binder = model, binder.params, binder
         self.trainable = {name for name, p in model.named_parameters() if p.requires_grad}
         self.seen: dict[str, tuple] = {}
-        self.fingerprints: list[tuple[int, int, int]] = []
+        self.fingerprints: list[list[tuple]] = []  # per group, each piece's (holds masters, names, fingerprint)
         self.refusal: str | None = None
         self.in_masters: str | None = None
         self.spoiled: str | None = None
@@ -72,7 +72,7 @@ class EditWatch:
             return
         self.refusal = None
         self.seen = {name: _looks(p) for name, p in self.params.items()}
-        self.fingerprints = fingerprints(self.binder.shown_buffers())
+        self.fingerprints = self._fingerprinted()
         for copy in self.blocks:  # a step or a load inside the block: what it drops an edit back to
             copy[:] = self.binder.kept_copy()
 
@@ -130,14 +130,15 @@ class EditWatch:
             self.refusal = self.unseen_edit()
         return self.refusal or self.spoiled
 
-    def masters_edited(self) -> str | None:
+    def masters_edited(self, changed: list[str] | None = None) -> str | None:
         """Where the module's tensors hold the masters themselves (``Binder.shows_masters``: stages 0-2 in float32),
-        whether their bytes changed since ``record``, in words (None if not, and elsewhere). Outside a
-        ``gathered()`` block such an edit is kept until a load or an agreed writeback (``in_masters``): showing
-        the masters again cannot drop it. Inside one, the block's end drops or writes back what it finds."""
+        whether the bytes that hold this rank's masters changed since ``record``, in words (None if not, and
+        elsewhere). Outside a ``gathered()`` block such an edit is kept until a load or an agreed writeback
+        (``in_masters``): showing the masters again cannot drop it. Inside one, the block's end drops or writes
+        back what it finds. ``changed``: the parameters whose masters' bytes changed, if already fingerprinted."""
         if self.in_masters is not None or not self.binder.shows_masters:
             return self.in_masters
-        changed = self._fingerprinted_changes()
+        changed = self._changed()[0] if changed is None else changed
         if not changed:
             return None
         counted = [name for name in changed if _looks(self.params[name]) != self.seen[name]]
@@ -170,23 +171,34 @@ class EditWatch:
                 f"requires_grad of {_names(flipped)} changed after shard(): set requires_grad before shard() "
                 "(a sharded model's trainable parameters are fixed when it is sharded)"
             )
-        in_masters = self.masters_edited()
+        in_masters, elsewhere = self._changed()
+        in_masters = self.masters_edited(in_masters)
         if in_masters:
             return in_masters
         edited = [name for name, p in self.params.items() if _looks(p) != self.seen[name]]
-        if edited:  # where the module shows the masters, their bytes are as recorded: a new .data, or no change
+        if edited:  # the masters' bytes are as recorded: a new .data, an edit elsewhere, or no change
             return _refusal(f"parameters {_names(edited)}")
-        changed = [] if self.binder.shows_masters else self._fingerprinted_changes()
-        if changed:
-            return _refusal(f"one or more of the parameters {_names(changed)}")
+        if elsewhere:
+            return _refusal(f"one or more of the parameters {_names(elsewhere)}")
         return None
 
-    def _fingerprinted_changes(self) -> list[str]:
-        """The parameters of every group whose shown buffer's fingerprint changed since ``record``."""
-        now = fingerprints(self.binder.shown_buffers())
-        return [
-            n for names, old, new in zip(self.binder.group_names(), self.fingerprints, now) if old != new for n in names
-        ]
+    def _fingerprinted(self) -> list[list[tuple]]:
+        """Per group, each piece of its shown buffer (``Binder.shown_pieces``) with its fingerprint."""
+        pieces = self.binder.shown_pieces()
+        prints = iter(fingerprints([piece for group in pieces for _, _, piece in group]))
+        return [[(masters, names, next(prints)) for masters, names, _ in group] for group in pieces]
+
+    def _changed(self) -> tuple[list[str], list[str]]:
+        """The parameters in pieces whose fingerprint changed since ``record``: in those holding this rank's
+        masters, and elsewhere (each buffer read once)."""
+        in_masters: list[str] = []
+        elsewhere: list[str] = []
+        for old, now in zip(self.fingerprints, self._fingerprinted()):
+            for (masters, names, before), (_, _, after) in zip(old, now):
+                if before != after:
+                    changed = in_masters if masters else elsewhere
+                    changed.extend(name for name in names if name not in changed)
+        return in_masters, elsewhere
 
 
 CHANGED = "changed in place since the last step, outside the ways a sharded model's parameters change"

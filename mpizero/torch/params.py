@@ -212,9 +212,23 @@ class Binder:
             buffer[...] = values
         self.refresh()
 
-    def group_names(self) -> list[list[str]]:
-        """Each group's parameter names."""
-        return [group.layout.names for group in self.engine.groups]
+    def shown_pieces(self) -> list[list[tuple[bool, list[str], object]]]:
+        """Per group, the pieces of its shown buffer (``shown_buffers``) an edit is told apart in, each as (whether
+        it holds this rank's masters, the parameters in it, the piece): where the module's tensors hold the masters
+        (``shows_masters``), the owned range (all of it at stage 0, this rank's block at stages 1-2) and the rest;
+        elsewhere the whole buffer."""
+        pieces = []
+        for group, buffer in zip(self.engine.groups, self.shown_buffers()):
+            start, stop = group.owned_range if self.shows_masters else (0, 0)
+            cuts = [(False, 0, start), (True, start, stop), (False, stop, buffer.size)]
+            pieces.append(
+                [
+                    (masters, [spec.name for _, spec, _, _ in group.layout.overlaps(lo, hi)], buffer[lo:hi])
+                    for masters, lo, hi in cuts
+                    if hi > lo
+                ]
+            )
+        return pieces
 
     def full_tensors(self, index: int) -> dict[str, torch.Tensor]:
         """Group ``index``'s parameters as float32 torch tensors by name, while held (or at stages 0-2)."""

@@ -422,10 +422,19 @@ class ShardedModel:
                 if computed_with is not None and not written and self.grads.handed_in:  # still this step's
                     self.edits.spoil_gradients(computed_with)
                 if left_normally:  # every rank is here: the masters are shown again
-                    self.engine.publish()
+                    if not (writeback and not written and self._masters_edited_anywhere()):
+                        self.engine.publish()
                     self.show_masters()
                 else:  # this rank alone may be here: no collective; the next step is refused
                     self.edits.refuse(GATHERED_RAISED)
+
+    def _masters_edited_anywhere(self) -> bool:
+        """Where the module's tensors hold the masters (stages 0-2 in float32), whether some rank's were edited
+        before a writeback that was then refused (collective there): publishing would spread that rank's edit into
+        every rank's copy of its block, and a writeback tried again would find every rank alike."""
+        if not self.binder.shows_masters:
+            return False
+        return agree.said_by_any(self.engine.collectives, self.edits.in_masters, "gathered()") is not None
 
     def _refuse_edited_masters(self, context: str) -> None:
         """Where the module's tensors hold the masters themselves (stages 0-2 in float32), refuse on every rank to read

@@ -1,11 +1,13 @@
 """Output files: written whole or not at all; the checks that refuse a clobbering output before any work."""
 
+import argparse
+import json
 import os
 
 import pytest
 
 from mpizero import files
-from mpizero.cli import outputs
+from mpizero.cli import outputs, preflight
 
 
 def test_write_replaces_whole_and_leaves_no_temporary_file(tmp_path):
@@ -81,3 +83,18 @@ def test_every_ranks_path_problems_are_said_once_naming_the_ranks_only_they_have
     found = [["a"], ["a", "b"], ["b", "c"]]
     assert outputs.on_every_rank(found) == ["a", "ranks [1, 2]: b", "rank 2: c"]
     assert outputs.on_every_rank([[], []]) == []
+
+
+def test_the_checkpoints_to_come_count_those_a_resumed_run_finds_on_disk(tmp_path):
+    """A fresh run has at most ``--keep`` + 1 checkpoints on disk at once (the next written while the newest stay);
+    a resumed run's newest are there already, and its saves up to the step it resumes after are made."""
+    args = argparse.Namespace(checkpoint_dir=str(tmp_path), steps=100, checkpoint_every=10, keep=2)
+    assert preflight.checkpoints_to_come(args) == 3
+    for step in (70, 80):  # the run's two newest, resumed after step 80
+        (tmp_path / f"ckpt-{step:08d}").mkdir()
+        (tmp_path / f"ckpt-{step:08d}" / "manifest.json").write_text(json.dumps({"training": {"step": step}}))
+    assert preflight.checkpoints_to_come(args) == 1
+    args.keep = 4  # room for three more: two saves ahead
+    assert preflight.checkpoints_to_come(args) == 2
+    args.steps = 89  # no save ahead
+    assert preflight.checkpoints_to_come(args) == 0

@@ -359,14 +359,19 @@ def test_a_vector_in_a_muon_group_is_refused_when_bound():
 
 def test_an_owner_that_fails_to_orthogonalise_is_an_agreed_error(monkeypatch):
     """Where the rank that owns a matrix fails (a device out of memory), every rank raises the same error before
-    the results travel, naming the matrix."""
+    the results travel, naming the matrix, and before any master is written, AdamW's vector included (at stages
+    1-2 in float32 the master is this rank's block of the params, which no all-gather would then spread)."""
     from mpizero import ZeroEngine, ZeroError
     from mpizero.core.optim.muon import MuonRule
 
     def failing(direction, hyper):
         raise MemoryError("out of memory")
 
-    engine = ZeroEngine({"w": np.ones((4, 6), np.float32)}, Muon(lr=0.02), stage=2)
+    params = {"w": np.ones((4, 6), np.float32), "b": np.ones(6, np.float32)}
+    engine = ZeroEngine(params, Muon.for_shapes({k: v.shape for k, v in params.items()}, lr=0.02), stage=2)
     monkeypatch.setattr(MuonRule, "orthogonalize", staticmethod(failing))
     with pytest.raises(ZeroError, match=r"Muon's update: rank 0: orthogonalising 'w': MemoryError: out of memory"):
-        engine.step({"w": np.full((4, 6), 0.5, np.float32)})
+        engine.step({name: np.full(p.shape, 0.5, np.float32) for name, p in params.items()})
+    assert {name: a.tobytes() for name, a in engine.master_params().items()} == {
+        name: p.tobytes() for name, p in params.items()
+    }

@@ -96,6 +96,13 @@ def assert_edits_in_order(stage: int, outcome: dict, every: str) -> None:
         assert said.endswith("; step: refused; writeback: done; step: done" + same), said
     else:  # the edit acted on an empty placeholder: the forward computed with the masters
         assert said == "done; step: done" + same, said
+    if stage < 3 and every != "rank 0: ":  # rank 0's edit of its masters: a writeback tried again is refused too
+        said = outcome[stage, "retried writeback"]
+        assert said == "refused; again: refused; step: refused" + same, said
+    if stage in (1, 2) and every != "rank 0: ":  # no master of rank 0's: refused, and dropped by gathered()
+        said = outcome[stage, "edit in another block"]
+        assert said.startswith("refused: step 2: rank 0: parameters ") and EDITED in said and DROP in said, said
+        assert MASTERS not in said and said.endswith("; gathered(): done" + same), said
     if stage < 3:  # 16-bit params: the module's tensors are copies; dropped, and the gradients computed with it refused
         said = outcome[stage, "edit then gathered in bfloat16"]
         assert said.startswith(f"done; step: refused: step 2: {every}{SPOILED}") and said.endswith(same), said

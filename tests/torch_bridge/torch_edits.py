@@ -328,6 +328,38 @@ def nested_refused_writeback(stage: int) -> str:
     return go_on(model, zero, plain, zero_plain, result)
 
 
+def retried_writeback(stage: int) -> str:
+    """Rank 0 alone edits a weight its block holds, then ``gathered(writeback=True)`` twice: refused both times
+    (publishing after the first would have spread its edit to every rank's copy of its block, and the second
+    found every rank alike), and the steps too, until a load."""
+    model, zero, plain, zero_plain, saved = pair(stage)
+    if comm.rank == 0:
+        edit_under_no_grad(model)
+    result = word(lambda: show(zero, writeback=True)) + "; again: " + word(lambda: show(zero, writeback=True))
+    result += "; step: " + word(lambda: train_step(model, zero, 1))
+    zero.load_state_dict(saved)
+    train_step(model, zero, 1)
+    train_step(plain, zero_plain, 1)
+    return go_on(model, zero, plain, zero_plain, result)
+
+
+def edit_in_another_block(stage: int) -> str:
+    """Rank 0 alone edits a parameter that lies wholly in another rank's block of the flat buffer: no master of
+    rank 0's (at stages 1-2), so refused as an edit ``gathered()`` drops, which it does."""
+    model, zero, plain, zero_plain, _ = pair(stage)
+    group = zero.engine.groups[0]
+    _, mine = group.partition.shard_range(0)
+    name = next(spec.name for spec in group.layout.specs if spec.offset >= mine)
+    if comm.rank == 0:
+        with torch.no_grad():
+            dict(model.named_parameters())[name].mul_(2)
+    result = outcome(lambda: train_step(model, zero, 1))
+    result += "; gathered(): " + word(lambda: show(zero))
+    train_step(model, zero, 1)
+    train_step(plain, zero_plain, 1)
+    return go_on(model, zero, plain, zero_plain, result)
+
+
 ORDER_CASES = {
     "edit then gathered": edit_then_gathered,
     "step raising before its check": step_raising_before_its_check,
@@ -373,6 +405,10 @@ for stage in range(4):
         outcomes.append(f"stage {stage} {name}: {case(stage)}")
     if stage < 3:  # the module's tensors are float32 copies of bfloat16 params: gathered() drops the edit
         outcomes.append(f"stage {stage} edit then gathered in bfloat16: {edit_then_gathered(stage, 'bfloat16')}")
+    if stage < 3 and comm.size > 1:  # one rank's edit, where the module's tensors hold the masters
+        outcomes.append(f"stage {stage} retried writeback: {retried_writeback(stage)}")
+    if stage in (1, 2) and comm.size > 1:  # a block of another rank's masters
+        outcomes.append(f"stage {stage} edit in another block: {edit_in_another_block(stage)}")
     for how in ("no writeback", "exception inside", "refused writeback"):
         if how == "refused writeback" and comm.size == 1:
             continue  # one rank's edit is every rank's
