@@ -69,6 +69,12 @@ def catalog(directory: str) -> list[Found]:
     return [found for name in names if (found := _found(os.path.join(directory, name))) is not None]
 
 
+def step_of(path: str) -> int | None:
+    """The step of checkpoint ``path`` as its manifest gives it (not yet verified: for counting only), or None."""
+    found = _found(path)
+    return None if found is None else found.step
+
+
 def _found(path: str) -> Found | None:
     name, manifest_path = os.path.basename(path), os.path.join(path, MANIFEST)
     numbered, mark = NAME.match(name), MARKED.match(name)

@@ -20,6 +20,7 @@ from mpizero.comm.job.ranks import world_ranks
 from mpizero.core import formulas
 from mpizero.core.memory import format_bytes
 from mpizero.core.optim import OPTIMIZERS
+from mpizero.errors import CheckpointError
 from mpizero.training.registry import formula_setups
 
 JSON_BYTES = 1 << 16  # room for --memory-json and a manifest's fixed part
@@ -120,10 +121,15 @@ def device_memory() -> int | None:
 def checkpoints_to_come(args) -> int:
     """The most checkpoints this run will have on disk at once beyond those there now: the ``--keep`` newest stay
     while the next is written; a resumed run's are there already, and its saves up to the step it resumes after
-    are made."""
-    there = [found.step for found in catalog.catalog(args.checkpoint_dir) if found.complete and found.step]
-    saves = args.steps // args.checkpoint_every - max(there, default=0) // args.checkpoint_every
-    return max(min(saves, args.keep + 1 - min(len(there), args.keep)), 0)
+    are made. Where the folders cannot be read, as for a fresh run (the resume or the save names the problem)."""
+    every, fresh = args.checkpoint_every, min(args.steps // args.checkpoint_every, args.keep + 1)
+    try:
+        there = sum(found.complete for found in catalog.catalog(args.checkpoint_dir))
+        resumed = catalog.step_of(catalog.resolve(args.resume)[0]) if args.resume else 0
+    except (OSError, CheckpointError):
+        return fresh
+    saves = args.steps // every - (resumed or 0) // every
+    return max(min(saves, args.keep + 1 - min(there, args.keep)), 0)
 
 
 def space_needed(args, numel: int, ranks: int) -> list[tuple[str, str, int]]:

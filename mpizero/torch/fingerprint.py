@@ -73,6 +73,8 @@ def _by_formula(buffers: list) -> list[tuple[int, int, int]]:
     weights = xp.arange(1, COLUMNS + 1, dtype=xp.uint64)
     sums = []
     for buffer in buffers:
+        if _address(buffer) % 8:  # a piece of a buffer: its 8-byte words must be aligned on a device
+            buffer = buffer.copy()
         words = buffer.reshape(-1).view(xp.uint32)
         pairs = words[: words.size & ~1].view(xp.uint64)
         whole = pairs.size - pairs.size % COLUMNS  # the words in whole rows
@@ -89,6 +91,12 @@ def _by_formula(buffers: list) -> list[tuple[int, int, int]]:
         ]
     flat = to_host(xp.concatenate(sums)).tolist()
     return list(zip(flat[::3], flat[1::3], flat[2::3]))
+
+
+def _address(array) -> int:
+    """Where ``array``'s first element lies, on the host or a device."""
+    interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
+    return interface["data"][0]
 
 
 @functools.cache

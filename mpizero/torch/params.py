@@ -217,18 +217,29 @@ class Binder:
         it holds this rank's masters, the parameters in it, the piece): where the module's tensors hold the masters
         (``shows_masters``), the owned range (all of it at stage 0, this rank's block at stages 1-2) and the rest;
         elsewhere the whole buffer."""
-        pieces = []
-        for group, buffer in zip(self.engine.groups, self.shown_buffers()):
-            start, stop = group.owned_range if self.shows_masters else (0, 0)
-            cuts = [(False, 0, start), (True, start, stop), (False, stop, buffer.size)]
-            pieces.append(
+        return [
+            [(masters, names, buffer[lo:hi]) for masters, names, lo, hi in cuts]
+            for cuts, buffer in zip(self._cuts, self.shown_buffers())
+        ]
+
+    @functools.cached_property
+    def _cuts(self) -> list[list[tuple[bool, list[str], int, int | None]]]:
+        """``shown_pieces``' cuts of each group's buffer: (holds masters, the parameters in it, start, stop)."""
+        cuts = []
+        for group in self.engine.groups:
+            if not self.shows_masters:
+                cuts.append([(False, group.layout.names, 0, None)])
+                continue
+            (start, stop), end = group.owned_range, group.partition.padded_numel
+            ranges = [(False, 0, start), (True, start, stop), (False, stop, end)]
+            cuts.append(
                 [
-                    (masters, [spec.name for _, spec, _, _ in group.layout.overlaps(lo, hi)], buffer[lo:hi])
-                    for masters, lo, hi in cuts
+                    (masters, [spec.name for _, spec, _, _ in group.layout.overlaps(lo, hi)], lo, hi)
+                    for masters, lo, hi in ranges
                     if hi > lo
                 ]
             )
-        return pieces
+        return cuts
 
     def full_tensors(self, index: int) -> dict[str, torch.Tensor]:
         """Group ``index``'s parameters as float32 torch tensors by name, while held (or at stages 0-2)."""

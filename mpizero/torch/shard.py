@@ -422,16 +422,16 @@ class ShardedModel:
                 if computed_with is not None and not written and self.grads.handed_in:  # still this step's
                     self.edits.spoil_gradients(computed_with)
                 if left_normally:  # every rank is here: the masters are shown again
-                    if not (writeback and not written and self._masters_edited_anywhere()):
+                    if not (writeback and self._masters_edited_anywhere()):  # the same test on every rank
                         self.engine.publish()
                     self.show_masters()
                 else:  # this rank alone may be here: no collective; the next step is refused
                     self.edits.refuse(GATHERED_RAISED)
 
     def _masters_edited_anywhere(self) -> bool:
-        """Where the module's tensors hold the masters (stages 0-2 in float32), whether some rank's were edited
-        before a writeback that was then refused (collective there): publishing would spread that rank's edit into
-        every rank's copy of its block, and a writeback tried again would find every rank alike."""
+        """Where the module's tensors hold the masters (stages 0-2 in float32), whether some rank's are still
+        edited after a writeback (refused, or failed there; collective there): publishing would spread that rank's
+        edit into every rank's copy of its block, and a writeback tried again would find every rank alike."""
         if not self.binder.shows_masters:
             return False
         return agree.said_by_any(self.engine.collectives, self.edits.in_masters, "gathered()") is not None

@@ -88,13 +88,18 @@ def test_every_ranks_path_problems_are_said_once_naming_the_ranks_only_they_have
 def test_the_checkpoints_to_come_count_those_a_resumed_run_finds_on_disk(tmp_path):
     """A fresh run has at most ``--keep`` + 1 checkpoints on disk at once (the next written while the newest stay);
     a resumed run's newest are there already, and its saves up to the step it resumes after are made."""
-    args = argparse.Namespace(checkpoint_dir=str(tmp_path), steps=100, checkpoint_every=10, keep=2)
+    args = argparse.Namespace(checkpoint_dir=str(tmp_path), steps=100, checkpoint_every=10, keep=2, resume=None)
     assert preflight.checkpoints_to_come(args) == 3
-    for step in (70, 80):  # the run's two newest, resumed after step 80
+    for step in (70, 80):  # the run's two newest
         (tmp_path / f"ckpt-{step:08d}").mkdir()
         (tmp_path / f"ckpt-{step:08d}" / "manifest.json").write_text(json.dumps({"training": {"step": step}}))
+    args.resume = str(tmp_path)  # after the newest, 80
     assert preflight.checkpoints_to_come(args) == 1
     args.keep = 4  # room for three more: two saves ahead
     assert preflight.checkpoints_to_come(args) == 2
     args.steps = 89  # no save ahead
     assert preflight.checkpoints_to_come(args) == 0
+    args.steps, args.keep, args.resume = 100, 2, str(tmp_path / "ckpt-00000070")  # 80 saved again beside it
+    assert preflight.checkpoints_to_come(args) == 1
+    args.keep = 5  # three saves ahead, and room for four more
+    assert preflight.checkpoints_to_come(args) == 3

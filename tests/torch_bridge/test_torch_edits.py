@@ -126,8 +126,9 @@ def test_the_compiled_fingerprint_gives_the_formulas_sums(numel):
     if fingerprint._compiled() is None:
         pytest.skip("no C compiler here: the host fingerprints by formula too")
     rng = np.random.default_rng(numel)
-    values = rng.integers(0, 2**32, numel, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    assert fingerprints([values, values[::-1].copy()]) == _by_formula([values, values[::-1].copy()])
+    values = rng.integers(0, 2**32, numel + 1, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    pieces = [values[:numel], values[::-1].copy()[:numel], values[1:]]  # the last one 4 bytes off 8-byte words
+    assert fingerprints(pieces) == _by_formula(pieces)
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2])
