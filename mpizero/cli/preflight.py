@@ -122,13 +122,12 @@ def checkpoints_to_come(args) -> int:
     """The most checkpoints this run will have on disk at once beyond those there now: the ``--keep`` newest stay
     while the next is written; a resumed run's are there already, and its saves up to the step it resumes after
     are made. Where the folders cannot be read, as for a fresh run (the resume or the save names the problem)."""
-    every, fresh = args.checkpoint_every, min(args.steps // args.checkpoint_every, args.keep + 1)
     try:
         there = sum(found.complete for found in catalog.catalog(args.checkpoint_dir))
-        resumed = catalog.step_of(catalog.resolve(args.resume)[0]) if args.resume else 0
+        resumed = (catalog.step_of(catalog.resolve(args.resume)[0]) if args.resume else 0) or 0
     except (OSError, CheckpointError):
-        return fresh
-    saves = args.steps // every - (resumed or 0) // every
+        there = resumed = 0
+    saves = args.steps // args.checkpoint_every - resumed // args.checkpoint_every
     return max(min(saves, args.keep + 1 - min(there, args.keep)), 0)
 
 

@@ -56,7 +56,7 @@ class EditWatch:
         self.model, self.params, self.binder = model, binder.params, binder
         self.trainable = {name for name, p in model.named_parameters() if p.requires_grad}
         self.seen: dict[str, tuple] = {}
-        self.fingerprints: list[list[tuple]] = []  # per group, each piece's (holds masters, names, fingerprint)
+        self.fingerprints: list[tuple[int, int, int]] = []  # one for each of ``Binder.shown_pieces``
         self.refusal: str | None = None
         self.in_masters: str | None = None
         self.spoiled: str | None = None
@@ -72,7 +72,7 @@ class EditWatch:
             return
         self.refusal = None
         self.seen = {name: _looks(p) for name, p in self.params.items()}
-        self.fingerprints = self._fingerprinted()
+        self.fingerprints = fingerprints([piece for _, _, piece in self.binder.shown_pieces()])
         for copy in self.blocks:  # a step or a load inside the block: what it drops an edit back to
             copy[:] = self.binder.kept_copy()
 
@@ -182,22 +182,17 @@ class EditWatch:
             return _refusal(f"one or more of the parameters {_names(elsewhere)}")
         return None
 
-    def _fingerprinted(self) -> list[list[tuple]]:
-        """Per group, each piece of its shown buffer (``Binder.shown_pieces``) with its fingerprint."""
-        pieces = self.binder.shown_pieces()
-        prints = iter(fingerprints([piece for group in pieces for _, _, piece in group]))
-        return [[(masters, names, next(prints)) for masters, names, _ in group] for group in pieces]
-
     def _changed(self) -> tuple[list[str], list[str]]:
-        """The parameters in pieces whose fingerprint changed since ``record``: in those holding this rank's
-        masters, and elsewhere (each buffer read once)."""
+        """The parameters in shown pieces (``Binder.shown_pieces``) whose fingerprint changed since ``record``: in
+        those holding this rank's masters, and elsewhere (each buffer read once)."""
+        pieces = self.binder.shown_pieces()
+        now = fingerprints([piece for _, _, piece in pieces])
         in_masters: list[str] = []
         elsewhere: list[str] = []
-        for old, now in zip(self.fingerprints, self._fingerprinted()):
-            for (masters, names, before), (_, _, after) in zip(old, now):
-                if before != after:
-                    changed = in_masters if masters else elsewhere
-                    changed.extend(name for name in names if name not in changed)
+        for (masters, names, _), before, after in zip(pieces, self.fingerprints, now):
+            if before != after:
+                changed = in_masters if masters else elsewhere
+                changed.extend(name for name in names if name not in changed)
         return in_masters, elsewhere
 
 

@@ -212,14 +212,15 @@ class Binder:
             buffer[...] = values
         self.refresh()
 
-    def shown_pieces(self) -> list[list[tuple[bool, list[str], object]]]:
-        """Per group, the pieces of its shown buffer (``shown_buffers``) an edit is told apart in, each as (whether
-        it holds this rank's masters, the parameters in it, the piece): where the module's tensors hold the masters
-        (``shows_masters``), the owned range (all of it at stage 0, this rank's block at stages 1-2) and the rest;
-        elsewhere the whole buffer."""
+    def shown_pieces(self) -> list[tuple[bool, list[str], object]]:
+        """The pieces of the shown buffers (``shown_buffers``) an edit is told apart in, group by group, each as
+        (whether it holds this rank's masters, the parameters in it, the piece): where the module's tensors hold
+        the masters (``shows_masters``), the owned range (all of it at stage 0, this rank's block at stages 1-2)
+        and the rest; elsewhere the whole buffer."""
         return [
-            [(masters, names, buffer[lo:hi]) for masters, names, lo, hi in cuts]
+            (masters, names, buffer[lo:hi])
             for cuts, buffer in zip(self._cuts, self.shown_buffers())
+            for masters, names, lo, hi in cuts
         ]
 
     @functools.cached_property
