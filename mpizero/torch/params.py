@@ -133,10 +133,11 @@ class Binder:
         if self.holders[index] or index in self.in_flight:
             return
         self.announcer.announce(gather, index)
+        blocking = self.announcer.others_joined  # the joined ranks' part ends at once: so does this rank's
         if self.zero_copy:
-            self._gather_shown(index, blocking=False, private=False)
+            self._gather_shown(index, blocking=blocking, private=False)
         else:
-            self.engine.gather(index, blocking=False)
+            self.engine.gather(index, blocking=blocking)
         self.in_flight.add(index)
 
     def acquire(self, index: int, gather: Operation = Operation.GATHER, private: bool = False) -> None:

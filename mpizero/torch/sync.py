@@ -13,7 +13,11 @@ Glossary:
   did and the fix; no rank is left waiting in a mismatched collective.
 - joined: a rank that has left ``join()`` (DDP's ``Join``): it has no more
   backward passes this step, and it takes part in the gathers and per-round
-  reductions of the ranks that still have, until every rank has joined.
+  reductions of the ranks that still have, until every rank has joined. Its
+  part in a gather ends at once, so a gather announced while some rank has
+  joined ends at once on every rank (``others_joined``): a prefetch left in
+  flight would end later, out of step with the joined ranks' (the two-level
+  all-gather ends with a node-wide copy every rank of the node takes part in).
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ class Announcer:
 
     def __init__(self, collectives) -> None:
         self.collectives = collectives
+        self.others_joined = False  # whether some rank had joined at the last announcement
 
     def announce(self, operation: Operation, detail: int = 0, fingerprint: int = 0) -> bool:
         """Announce ``operation`` (on group ``detail``) to every rank; raise on every rank if ranks differ.
@@ -103,7 +108,8 @@ class Announcer:
             return True, None, 0, True
         if high != -low or detail_high != -detail_low or (any_joined and high not in SHADOWED):
             self._raise_mismatch(operation, detail)
-        return bool(any_joined), Operation(high), detail_high, print_high == -print_low
+        self.others_joined = bool(any_joined)
+        return self.others_joined, Operation(high), detail_high, print_high == -print_low
 
     def _raise_mismatch(self, operation: Operation, detail: int) -> None:
         """Name what every rank announced; raise the same error on every rank."""

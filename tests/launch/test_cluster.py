@@ -8,13 +8,14 @@ Skipped, with the reason, where network namespaces cannot be made (not root, say
 
 import hashlib
 import os
+import re
 import signal
 import time
 
 import numpy as np
 import pytest
 from cluster.nodes import NETNS_DIR, cluster_or_skip, kill_session, nodes
-from mpirun import ROOT, rank_pids
+from mpirun import ROOT, rank_pids, run_mpi_ok
 
 from mpizero.comm import paths
 from mpizero.comm.collectives import Traffic
@@ -159,6 +160,17 @@ def test_train_params_are_byte_identical_at_2x2_1x4_and_1(cluster, tmp_path):
     assert crossed["2x2"] >= grads, (crossed, grads)
     assert crossed["flat"] >= STEPS * gradient_bytes_per_step(parameters(log), two_level=False), crossed
     assert crossed["2x2"] < crossed["flat"], crossed  # the gathers cross once per node pair, not per rank
+
+
+def test_a_rank_joined_at_stage_3_ends_each_gather_with_the_others_across_nodes(cluster):
+    """A rank with no micro-batch in a step serves the others' gathers from ``join()``, each ending at once; their
+    prefetches end at once too, in step with it (the two-level all-gather ends with a node-wide copy): the job
+    hung in that copy before. The bytes are one rank's."""
+    script = ["-m", "mpi4py", "tests/torch_bridge/torch_idle_rank.py"]
+    digests = {}
+    for label, out in (("2x2", run_ok(cluster, [2, 2], script)), ("1", run_mpi_ok(1, script))):
+        digests[label] = dict(re.findall(r"^digest (\d) (\w+)$", out, re.M))
+    assert sorted(digests["1"]) == ["2", "3"] and digests["2x2"] == digests["1"], digests
 
 
 def test_native_reduction_is_deterministic_at_2x2(cluster, tmp_path):
