@@ -1,10 +1,11 @@
 """Two nodes on one machine, links capped: the two-level path against the flat one, per step.
 
-Run (as root): python benchmarks/bench_nodes.py --per-node 2 --rate 1gbit --stages 2 3
+Run (as root): python benchmarks/bench_nodes.py --per-node 2 --rate 1gbit --stages 2 3 3k
 It makes two namespace nodes (``tests/launch/cluster/nodes.py``), caps each link with a
 token bucket, and for each stage runs the same training job once with
 ``MPIZERO_REDUCE_SCATTER=mpi`` (flat) and once with ``two-level``, MPI over TCP
-between the nodes. Per step after warm-up it reports: the median step time, the
+between the nodes; ``3k`` is stage 3 with each unit kept gathered through the step
+(``Trainer(keep_gathered=True)``). Per step after warm-up it reports: the median step time, the
 bytes node 0's link carried (its interface counters, sent + received), and the
 bytes node 0's ranks sent to the other node by mpizero's own accounting
 (``Traffic.inter_node``) beside the formula (``formulas.inter_node_per_step``).
@@ -24,20 +25,21 @@ import numpy as np
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 PATHS = ("mpi", "two-level")
+STAGES = ("0", "1", "2", "3", "3k")  # 3k: stage 3, units kept gathered through each step
 
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--per-node", type=int, default=2, help="ranks on each of the two nodes")
     parser.add_argument("--rate", default="1gbit", help="tc tbf rate of each link ('none': uncapped)")
-    parser.add_argument("--stages", type=int, nargs="+", default=[2, 3])
+    parser.add_argument("--stages", nargs="+", choices=STAGES, default=["2", "3", "3k"])
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--global-batch", type=int, default=16)
     parser.add_argument("--micro-batches", type=int, default=4)
     parser.add_argument("--steps", type=int, default=6, help="timed steps, after 2 warm-up steps")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--stage", type=int, default=2, help=argparse.SUPPRESS)
+    parser.add_argument("--stage", choices=STAGES, default="2", help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
@@ -65,11 +67,12 @@ def worker(args) -> None:
     data = Corpus.load()
     model = Transformer(len(data.alphabet), 64, args.width, 4, args.layers)
     size = args.global_batch // args.micro_batches
-    groups = make_groups(model, args.stage, DEFAULT_BUCKET_ELEMS)
+    stage, kept = int(args.stage[0]), args.stage.endswith("k")
+    groups = make_groups(model, stage, DEFAULT_BUCKET_ELEMS)
     precision = PRECISIONS["fp32"]
-    settings = {"stage": args.stage, "reduction": "exact", "clip_norm": 1.0, **precision.engine_settings()}
+    settings = {"stage": stage, "reduction": "exact", "clip_norm": 1.0, **precision.engine_settings()}
     engine = ZeroEngine(model.init(0), AdamW(lr=1e-3), comm=comm, groups=groups, **settings)
-    trainer = Trainer(model, engine, precision)
+    trainer = Trainer(model, engine, precision, keep_gathered=kept)
     times = []
     for step in range(1, args.steps + 3):
         if step == 3:
@@ -86,7 +89,7 @@ def worker(args) -> None:
     inter = sum(v for op, v in traffic.inter_node.items() if op != "agreement") / args.steps
     node = engine.collectives.node
     node_inter = node.allreduce(inter)
-    setup = formulas.formula_setup(engine)
+    setup = formulas.formula_setup(engine, kept)
     rounds = -(-args.micro_batches // comm.Get_size())
     predicted = sum(formulas.inter_node_per_step(setup, rounds).values()) * node.Get_size()
     if comm.Get_rank() == 0:
@@ -95,8 +98,8 @@ def worker(args) -> None:
         print(json.dumps(row), flush=True)
 
 
-def run_config(cluster, args, stage: int, path: str) -> dict:
-    command = [str(HERE), "--worker", "--stage", str(stage), "--width", str(args.width), "--layers", str(args.layers)]
+def run_config(cluster, args, stage: str, path: str) -> dict:
+    command = [str(HERE), "--worker", "--stage", stage, "--width", str(args.width), "--layers", str(args.layers)]
     command += ["--global-batch", str(args.global_batch), "--micro-batches", str(args.micro_batches)]
     command += ["--steps", str(args.steps)]
     env = {"MPIZERO_REDUCE_SCATTER": path}

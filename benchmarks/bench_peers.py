@@ -68,6 +68,7 @@ CONFIGS = [
     "mpizero.torch-3",
     "mpizero.torch-2-paired",
     "mpizero.torch-3-paired",
+    "mpizero.torch-3-kept",
     "gpt2-ddp",
     "gpt2-mpizero.torch-2",
     "gpt2-mpizero.torch-3",
@@ -216,8 +217,10 @@ def mpizero_torch_worker(args, config: str) -> dict:
     model = peers_models.build(args)
     baseline = current_rss()
     stage, paired = int(config.split("-")[1]), config.endswith("-paired")  # -paired: rounds two in one pass
+    kept = config.endswith("-kept")  # -kept: each unit gathered once a step (``keep_gathered``)
     units = peers_models.blocks(args, model)
-    zero = shard(model, Adam(lr=1e-4), stage=stage, units=units, comm=comm, pair_contributions=paired or None)
+    settings = {"pair_contributions": paired or None, "keep_gathered": kept}
+    zero = shard(model, Adam(lr=1e-4), stage=stage, units=units, comm=comm, **settings)
 
     def step_fn(step: int) -> None:
         def closure():

@@ -72,6 +72,9 @@ def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--stage", type=int, default=2)
+    parser.add_argument(
+        "--keep-gathered", action="store_true", help="stage 3: keep each unit gathered through a step (across hosts)"
+    )
     parser.add_argument("--max-steps", type=int, default=8)
     parser.add_argument("--accumulation", type=int, default=3, help="micro-batches per step, shared by the ranks")
     parser.add_argument("--batch-size", type=int, default=4, help="samples per micro-batch")
@@ -113,6 +116,7 @@ def main(argv=None) -> str:
         train_dataset=ByteWindows(text, 96, args.length, seed=1),
         eval_dataset=ByteWindows(text, 8, args.length, seed=2),
         stage=args.stage,
+        keep_gathered=args.keep_gathered,
         units=units_of(model),
         callbacks=[StopAfter(args.stop_after)] if args.stop_after else None,
     )

@@ -132,9 +132,10 @@ bridge() {  # bridge N: mpizero.torch on the device and on the CPU (torch_agains
   echo "-- $name: every digest the device printed is the CPU's"
 }
 users() {  # users N...: torch_users.py's models on the device at each -n: one digest per model, every stage and n
+  # (stages 0-3 and 3 kept gathered: five digest lines a model)
   local kinds=${GPU_CHECK_USERS:-tied twice frozen nested batchnorm autocast clip gpt2} n files=() name script
   script=tests/torch_bridge/torch_users.py
-  step "the torch users' models on $torch_device (${kinds}), stages 0-3, at -n $*: one digest per model"
+  step "the torch users' models on $torch_device (${kinds}), stages 0-3 and 3 kept, at -n $*: one digest per model"
   for n in "$@"; do
     name="users-$n"
     # shellcheck disable=SC2016,SC2086  # expanded by the inner bash: its $1 is the file; the kinds are words
@@ -147,11 +148,11 @@ users() {  # users N...: torch_users.py's models on the device at each -n: one d
   lines=$(cat "${files[@]}" | grep -c '^digest')
   models=$(wc -w <<< "$kinds")
   differ=$(grep -h '^digest' "${files[@]}" | awk '{print $2, $4}' | sort -u | awk '{print $1}' | uniq -d | xargs)
-  if ((lines != 4 * models * $#)) || [ -n "$differ" ]; then
-    echo "!! users: $lines digest lines of $((4 * models * $#)); models whose bytes differ: ${differ:-none}"
+  if ((lines != 5 * models * $#)) || [ -n "$differ" ]; then
+    echo "!! users: $lines digest lines of $((5 * models * $#)); models whose bytes differ: ${differ:-none}"
     failed+=("users"); return
   fi
-  echo "-- users: every model one digest at stages 0-3 and -n $*"
+  echo "-- users: every model one digest at stages 0-3, 3 kept, and -n $*"
 }
 train_run() {  # train_run NAME AWARE STAGING N TRAIN-FLAGS...: mpizero train under run, the transformer's settings
   local name=$1 aware=$2 staging=$3 n=$4

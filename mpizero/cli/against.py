@@ -50,6 +50,9 @@ class Mirrored:
     def step_number(self) -> int:
         return self.host.step_number
 
+    def agree_keep_gathered(self, keep: bool) -> None:
+        self.host.agree_keep_gathered(keep)
+
     def gather(self, index: int, blocking: bool = True) -> dict:
         views = self.host.gather(index, blocking)
         self.device.gather(index, blocking)

@@ -69,11 +69,12 @@ def save_problems(args, ranks: int) -> list[str]:
 
 def predicted_bytes(args, units: list, ranks: int) -> int:
     """Bytes one rank's model states need: the engine's buffers at ``--stage`` (``formulas``), with
-    ``--offload-dir`` the most states an update reads in at once. The initial values are made shard by shard
-    (``initial.sharded``), so no rank builds the whole model besides them."""
+    ``--offload-dir`` the most states an update reads in at once, with ``--keep-gathered`` the full params kept
+    through a step. The initial values are made shard by shard (``initial.sharded``), so no rank builds the whole
+    model besides them."""
     setup = _setup(args, units, ranks)
     read_in = formulas.offload_bytes(setup)["in_memory_peak"] if setup.offloaded else 0
-    return sum(formulas.engine_bytes(setup).values()) + read_in
+    return sum(formulas.engine_bytes(setup).values()) + read_in + formulas.kept_bytes(setup)
 
 
 def offload_bytes(args, units: list, ranks: int) -> int:
@@ -82,9 +83,10 @@ def offload_bytes(args, units: list, ranks: int) -> int:
 
 
 def _setup(args, units: list, ranks: int):
-    """The engine's setup at ``--stage`` for the formulas, offloaded with ``--offload-dir``."""
+    """The engine's setup at ``--stage`` for the formulas, offloaded with ``--offload-dir``, kept gathered with
+    ``--keep-gathered``."""
     setups = dict(formula_setups(units, ranks, args.precision, args.reduction, args.optimizer, args.bucket_elems))
-    return dataclasses.replace(setups[args.stage], offloaded=bool(args.offload_dir))
+    return dataclasses.replace(setups[args.stage], offloaded=bool(args.offload_dir), keep_gathered=args.keep_gathered)
 
 
 def memory_problems(needed: int, ranks_here: int, available: int | None, where: str) -> list[str]:

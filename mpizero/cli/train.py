@@ -26,7 +26,7 @@ from mpizero.core.engine import ZeroEngine
 from mpizero.core.memory import format_bytes, peak_rss_bytes
 from mpizero.core.optim import OPTIMIZERS
 from mpizero.core.precision import PRECISIONS
-from mpizero.core.stages import reduce_scatters
+from mpizero.core.stages import reduce_scatters, sharding
 from mpizero.progress import progress
 from mpizero.training import initial, readout
 from mpizero.training.registry import Size, entry
@@ -64,6 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     options.add(parser, "bucket_elems", "accumulate", "scale_headroom")
     parser.add_argument("--no-overlap", action="store_true", help="use blocking collectives only")
+    parser.add_argument(
+        "--keep-gathered",
+        action="store_true",
+        help="stage 3: keep each unit's full params gathered through a step's micro-batches (one all-gather of "
+        "each a step, not two a round: pays across hosts; holds the whole model's params during the step)",
+    )
     options.add(parser, "watchdog")
     parser.add_argument("--log-every", type=options.whole(1), default=10, help="steps between progress lines")
     parser.add_argument(
@@ -121,6 +127,8 @@ def check(args, world_size: int) -> None:
         problems.append(f"--micro-batches {args.micro_batches} is fewer than the {world_size} ranks")
     if args.accumulate == "round" and not reduce_scatters(args.stage):
         problems.append("--accumulate round needs a stage whose gradients meet in a reduce-scatter (1-3), got 0")
+    if args.keep_gathered and not sharding(args.stage).params:
+        problems.append(f"--keep-gathered keeps stage 3's units gathered; at --stage {args.stage} they always are")
     problems += checkpoint_problems(args) + override_problems(args)
     options.raise_problems(problems)
 
@@ -187,7 +195,9 @@ def run(args, comm) -> int:
     precision = PRECISIONS[args.precision]
     xp = device_module(args.device)
     engine = make_engine(args, model, precision, comm)
-    trainer = Trainer(model, engine, precision, 2.0**args.loss_scale_power, ACCUMULATE[args.accumulate])
+    trainer = Trainer(
+        model, engine, precision, 2.0**args.loss_scale_power, ACCUMULATE[args.accumulate], args.keep_gathered
+    )
     settings = run_settings(args, task)
     first_step, run_id = 1, compat.run_identity(settings)
     if args.resume:
@@ -223,7 +233,7 @@ def run(args, comm) -> int:
                 print(f"saved {path}", flush=True)
     rss_steps = peak_rss_bytes()  # before evaluation and saving
     if rank0:
-        print_accounting(engine, -(-args.micro_batches // comm.Get_size()), trainer.reduce_each_round)
+        print_accounting(trainer, -(-args.micro_batches // comm.Get_size()))
         steps = args.steps - first_step + 1
         print(f"redone (scale prediction missed): {engine.redone_steps} of {steps} steps")
         print(f"gradients kept beyond the predicted range: {engine.scales.kept_steps} of {steps} steps")
@@ -335,8 +345,9 @@ def progress_line(args, task, step: int, report, elapsed: float, held: dict) -> 
     )
 
 
-def print_accounting(engine, rounds: int, reduce_each_round: bool) -> None:
+def print_accounting(trainer, rounds: int) -> None:
     """Rank 0's bytes by kind (now and peak), peak RSS, and the last step's traffic beside the formula."""
+    engine = trainer.engine
     report = engine.memory_report()
     on_disk = f"  on disk {format_bytes(report['disk'])}" if report["disk"] else ""
     print("memory on rank 0:  " + "  ".join(f"{k} {format_bytes(v)}" for k, v in report["now"].items()) + on_disk)
@@ -347,11 +358,11 @@ def print_accounting(engine, rounds: int, reduce_each_round: bool) -> None:
         + (f", of it up to {format_bytes(report['mapped'])} other ranks' shared blocks)" if report["mapped"] else ")")
     )
     traffic = engine.collectives.traffic
-    setup = formulas.formula_setup(engine)
-    predicted = formulas.traffic_per_step(setup, rounds, reduce_each_round)
+    setup = formulas.formula_setup(engine, trainer.keep_gathered)
+    predicted = formulas.traffic_per_step(setup, rounds, trainer.reduce_each_round)
     print(f"sent per step:     {beside(traffic.sent, predicted)}  agreement {format_bytes(traffic.sent['agreement'])}")
     if setup.nodes > 1:
-        across = formulas.inter_node_per_step(setup, rounds, reduce_each_round)
+        across = formulas.inter_node_per_step(setup, rounds, trainer.reduce_each_round)
         print(f"to other nodes:    {beside(traffic.inter_node, across)}")
 
 

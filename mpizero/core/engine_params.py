@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
+from mpizero.comm import agree
 from mpizero.core.group import ParamState
 
 
@@ -42,6 +43,18 @@ class ParamAccess:
             self.peak_gathered_groups = max(self.peak_gathered_groups, len(self._gathered))
         self._sample_after([index])
         return group.views() if group.state is ParamState.UNSHARDED else {}
+
+    def agree_keep_gathered(self, keep: bool) -> None:
+        """Check a trainer's ``keep_gathered`` (keep stage 3's units gathered through a step's passes) on every rank:
+        the same on all of them (else each would wait in gathers the others skip), a bool, and only at stage 3."""
+        agree.raise_unless_equal(self.collectives, {"keep_gathered": keep})
+        if not isinstance(keep, bool):
+            raise TypeError(f"keep_gathered must be True or False, got {keep!r}")
+        if keep and not self.groups[0].plan.gathers_params:
+            raise ValueError(
+                f"keep_gathered keeps stage 3's units gathered through a step; at stage {self.config.stage} every "
+                "rank holds the full params anyway: leave it False"
+            )
 
     def full_params(self, index: int):
         """Group ``index``'s full params, flat and padded (every rank's, at stages 0-2; at 3 while gathered)."""

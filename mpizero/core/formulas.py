@@ -56,6 +56,7 @@ class Setup:
     two_level: bool = False  # reduce-scatters and all-gathers in two levels (inside nodes, then across)
     group_counts: tuple[int, ...] = ()  # how many groups of each size in ``group_numels`` (empty: one each)
     offloaded: bool = False  # the master, optimizer and grad shards live in files (``states``)
+    keep_gathered: bool = False  # stage 3's units stay gathered through a step's rounds: gathered once a step
 
     @property
     def one_host(self) -> bool:
@@ -90,6 +91,14 @@ def engine_bytes(setup: Setup) -> dict[str, int]:
         "optimizer": owned * 4 * setup.optimizer_states * in_memory,
         "comm": _comm_bytes(setup, plans),
     }
+
+
+def kept_bytes(setup: Setup) -> int:
+    """Bytes of full params each rank keeps gathered through a step's passes (``Setup.keep_gathered``, stage 3),
+    beside ``engine_bytes``: every group's, but where every rank shares one host and reads them in place."""
+    if not setup.keep_gathered or (setup.shared_memory and setup.nodes == 1):  # node-shared: ``build.share_params``
+        return 0
+    return sum(p.partition.padded_numel * n for p, n in setup.counted_plans() if p.gathers_params) * setup.param_bytes
 
 
 def offload_bytes(setup: Setup) -> dict[str, int]:
@@ -132,7 +141,8 @@ def _comm_bytes(setup: Setup, plans: list[tuple[ShardPlan, int]]) -> int:
 def traffic_per_step(setup: Setup, rounds: int = 1, reduce_each_round: bool | None = None) -> dict[str, int]:
     """Bytes each rank sends per step, by collective (ring volumes: (N-1)/N of the full buffer per pass).
 
-    ``rounds``: micro-batch rounds per step; stage 3 gathers every unit twice per round. ``reduce_each_round``:
+    ``rounds``: micro-batch rounds per step; stage 3 gathers every unit twice per round (once a step where its
+    units are kept gathered: ``Setup.keep_gathered``). ``reduce_each_round``:
     whether the trainer reduce-scatters every round (None: its default, ``ShardPlan.reduces_each_round``).
     """
     n = setup.ranks
@@ -145,7 +155,7 @@ def traffic_per_step(setup: Setup, rounds: int = 1, reduce_each_round: bool | No
         else:
             scatters, full = reduce_scatters(setup, plan, rounds, reduce_each_round)
             sent["reduce_scatter"] += count * scatters * (full * (n - 1) // n)
-        sent["allgather"] += count * plan.allgathers_per_step(rounds) * (params * (n - 1) // n)
+        sent["allgather"] += count * plan.allgathers_per_step(rounds, setup.keep_gathered) * (params * (n - 1) // n)
     return sent
 
 
@@ -174,7 +184,7 @@ def inter_node_per_step(setup: Setup, rounds: int = 1, reduce_each_round: bool |
             scatters, full = reduce_scatters(setup, plan, rounds, reduce_each_round)
             sent["reduce_scatter"] += count * scatters * inter_node_bytes(full, n, nodes, setup.two_level)
         gathered = inter_node_bytes(params, n, nodes, setup.two_level)
-        sent["allgather"] += count * plan.allgathers_per_step(rounds) * gathered
+        sent["allgather"] += count * plan.allgathers_per_step(rounds, setup.keep_gathered) * gathered
     return sent
 
 
@@ -184,8 +194,8 @@ def paper_traffic_elements(psi: float, ranks: int, stage: int) -> float:
     return passes * psi * (ranks - 1) / ranks
 
 
-def formula_setup(engine) -> Setup:
-    """The ``Setup`` describing a live engine."""
+def formula_setup(engine, keep_gathered: bool = False) -> Setup:
+    """The ``Setup`` describing a live engine (``keep_gathered``: its trainer's, ``Trainer.keep_gathered``)."""
     import numpy as np  # only to tell host buffers from device ones
 
     return Setup(
@@ -201,6 +211,7 @@ def formula_setup(engine) -> Setup:
         engine.collectives.paths.nodes,
         engine.collectives.paths.two_level,
         offloaded=engine.config.offload is not None,
+        keep_gathered=keep_gathered,
     )
 
 
@@ -221,7 +232,7 @@ def calls_per_step(setup: Setup, rounds: int = 1, clip: bool = True, reduction: 
     calls = {"reduce_scatter": 0, "allreduce": 0, "allgather": 0}
     for plan, count in plans:
         calls[plan.gradient_collective.value] += count * reduce_scatters(setup, plan, rounds, None)[0]
-        calls["allgather"] += count * plan.allgathers_per_step(rounds)
+        calls["allgather"] += count * plan.allgathers_per_step(rounds, setup.keep_gathered)
     norm = 2 if clip and plans[0][0].norm_needs_all_ranks else 0
     calls["agreement"] = 1 + sum(setup.counts()) + norm + int(REDUCTIONS[reduction].result_can_overflow) + 1
     return calls

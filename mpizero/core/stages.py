@@ -150,10 +150,11 @@ class ShardPlan:
         """Whether the global gradient norm must be summed over ranks (each holds only its grad shard)."""
         return self.sharding.optimizer
 
-    def allgathers_per_step(self, rounds: int) -> int:
-        """All-gathers of this group per step: twice per micro-batch round at stage 3, one publish at 1-2."""
+    def allgathers_per_step(self, rounds: int, kept: bool = False) -> int:
+        """All-gathers of this group per step: twice per micro-batch round at stage 3, or once where its units are
+        kept gathered through the step (``kept``), one publish at 1-2."""
         if self.gathers_params:
-            return 2 * rounds
+            return 1 if kept else 2 * rounds
         return 1 if self.publish is Publish.COPY_THEN_ALLGATHER else 0
 
 

@@ -46,7 +46,8 @@ ZERO_DIR = "zero"  # the sharded training state inside each checkpoint-N/
 class ZeroTrainer(Trainer):
     """``Trainer(model, args, train_dataset=..., ...)`` sharded at ZeRO ``stage`` over ``comm`` (default COMM_WORLD).
 
-    ``units``: the submodules stage 3 gathers together (default: the model's repeated blocks, as ``shard``).
+    ``units``: the submodules stage 3 gathers together (default: the model's repeated blocks, as ``shard``);
+    ``keep_gathered``: keep them gathered through each step (as ``shard``'s).
     Every rank builds the same model and passes the same arguments; settings that cannot work here are refused
     at construction, alike on every rank, naming them.
     """
@@ -58,6 +59,7 @@ class ZeroTrainer(Trainer):
         *rest,
         stage: int = 2,
         units: Sequence[torch.nn.Module] | None = None,
+        keep_gathered: bool = False,
         comm: MPI.Comm | None = None,
         **kwargs,
     ) -> None:
@@ -68,7 +70,7 @@ class ZeroTrainer(Trainer):
                 "(without a GPU the Trainer runs on the CPU anyway), or hide the GPUs (CUDA_VISIBLE_DEVICES=)"
             )
         super().__init__(model, args, *rest, **kwargs)
-        self.stage, self.units = stage, None if units is None else list(units)
+        self.stage, self.units, self.keep_gathered = stage, None if units is None else list(units), keep_gathered
         self.zero: ShardedModel | None = None
         self._joined = ExitStack()  # the step's zero.join(), entered at its first micro-batch, left at its last
         self._step_losses = np.zeros(0)
@@ -92,7 +94,13 @@ class ZeroTrainer(Trainer):
         optimizer = super().create_optimizer(model)
         if self.zero is None or self.zero.model is not self.model:
             self.zero = shard(
-                self.model, optimizer, stage=self.stage, comm=self.comm, units=self.units, seed=self.args.seed
+                self.model,
+                optimizer,
+                stage=self.stage,
+                comm=self.comm,
+                units=self.units,
+                seed=self.args.seed,
+                keep_gathered=self.keep_gathered,
             )
         return optimizer
 

@@ -110,6 +110,7 @@ class EditWatch:
     def gradients_dropped(self) -> None:
         """This step's gradients were dropped (``zero_grad()``): none computed with an edit are left."""
         self.spoiled = None
+        self.binder.edited_while_kept.clear()
 
     def spoil_gradients(self, edit: str) -> None:
         """``gathered()`` dropped ``edit`` (``unseen_edit``), which this step's backward passes computed with:
@@ -124,8 +125,12 @@ class EditWatch:
         self.refusal = self.refusal or why
 
     def problem(self) -> str | None:
-        """What the next step must refuse, in words (None if nothing): what changed since ``record``."""
+        """What the next step must refuse, in words (None if nothing): what changed since ``record``, and this
+        step's gradients if computed with an edit of params stage 3 kept gathered (``Binder.edited_while_kept``)."""
         self.checked = True
+        if self.binder.edited_while_kept:
+            self.spoiled = self.spoiled or KEPT_EDIT.format(_names(sorted(set(self.binder.edited_while_kept))))
+            self.binder.edited_while_kept.clear()
         if self.refusal is None:
             self.refusal = self.unseen_edit()
         return self.refusal or self.spoiled
@@ -198,6 +203,12 @@ class EditWatch:
 
 CHANGED = "changed in place since the last step, outside the ways a sharded model's parameters change"
 DROP = "; `with zero.gathered(): pass` shows the masters again, dropping the edit"
+KEPT_EDIT = (
+    "one or more of the parameters {} changed during a forward or backward while stage 3 kept them gathered "
+    "(keep_gathered=True), so this rank's later micro-batches ran with the edit and the other ranks' without it: "
+    "this step's gradients are refused, and dropped with the step (the edit went with the gathered params); edit "
+    "parameters between steps inside `with zero.gathered(writeback=True):`"
+)
 GATHERED_RAISED = (
     "an exception left `zero.gathered()` on this rank, which dropped what the block edited without the other "
     "ranks (they may have written theirs back)" + DROP

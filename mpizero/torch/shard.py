@@ -56,6 +56,7 @@ def shard(
     init: Callable[[torch.nn.Module], None] | None = None,
     trim_heap: bool = True,
     seed: int | None = None,
+    keep_gathered: bool = False,
     **settings,
 ) -> ShardedModel:
     """Train ``model``'s parameters with ZeRO ``stage`` over ``comm`` (default COMM_WORLD).
@@ -67,7 +68,11 @@ def shard(
     ``reset_parameters()`` or by ``init(module)`` (see ``meta``). ``trim_heap``: hand the C heap's free pages back
     to the OS when it grew, and keep glibc from doing so on every ``free`` (see ``heap``; not where the
     parameters live on a GPU). ``seed``: what ``micro_batch(i)`` seeds torch's generators from, with the step
-    and ``i`` (default: ``torch.initial_seed()``, the same on every rank). ``settings`` are the engine's
+    and ``i`` (default: ``torch.initial_seed()``, the same on every rank). ``keep_gathered`` (stage 3): keep each
+    unit's full params from its first gather in a step until the step's update (or a call that reads or sets the
+    params, ``state_dict()``, ``gathered()``, a load), as FSDP2's ``reshard_after_forward=False`` with resharding
+    after backward off: one all-gather of each a step instead of two a micro-batch, for the whole model's params
+    held through the step; what pays across hosts. ``settings`` are the engine's
     (``reduction``, ``param_dtype``, ``clip_norm``, ``on_nonfinite``, ...); ``watchdog`` defaults to 600 seconds
     (None turns it off).
     """
@@ -76,7 +81,7 @@ def shard(
     settings.setdefault("watchdog", WATCHDOG_SECONDS)
     modules = default_units(model) if units is None else list(units)
     seed = torch.initial_seed() if seed is None else seed
-    return ShardedModel(model, optimizer, stage, comm, modules, settings, init, trim_heap, seed)
+    return ShardedModel(model, optimizer, stage, comm, modules, settings, init, trim_heap, seed, keep_gathered)
 
 
 def _grad_ready_of(zero_ref: weakref.ref, name: str, param: torch.nn.Parameter) -> None:
@@ -92,7 +97,9 @@ def _grad_ready_of(zero_ref: weakref.ref, name: str, param: torch.nn.Parameter) 
 class ShardedModel:
     """The engine behind a torch module: ``step()``, ``join()``, ``gathered()``, ``state_dict()``, ``save()``, ..."""
 
-    def __init__(self, model, optimizer, stage: int, comm, modules, settings: dict, init=None, trim_heap=True, seed=0):
+    def __init__(
+        self, model, optimizer, stage: int, comm, modules, settings: dict, init=None, trim_heap=True, seed=0, keep=False
+    ):
         self.model, self.trim_heap, self.seed = model, trim_heap, seed
         self.units = [u for u in plan_units(model, modules) if u.needed]
         owning = [u for u in self.units if u.owned]
@@ -118,9 +125,11 @@ class ShardedModel:
             if self._trims_heap:
                 heap.keep_freed_blocks()
             agree.raise_unless_equal(self.engine.collectives, {"the seed micro_batch() keys randomness to": seed})
+            self.engine.agree_keep_gathered(keep)
             self.announcer = Announcer(self.engine.collectives)
             self.buffers = BufferSync(model, self.engine.collectives, self.torch_stream.around)
-            self.binder = Binder(self.engine, self.params, self.device, self.announcer)
+            self.binder = Binder(self.engine, self.params, self.device, self.announcer, keep)
+            self.announcer.leaving_passes = self.binder.drop_kept
             self.torch_stream.order_forward(model, outside_graphs)
             self.hooks = None
             if self.binder.sharded:
@@ -303,6 +312,7 @@ class ShardedModel:
         return ended
 
     def _finish_step(self) -> StepResult:
+        self.binder.drop_kept()  # before the update changes the params; what changed in them is the check's
         edited = self.edits.problem()
         if edited is not None and not self._reduced and self._ended is None:
             self.engine.note_problem(edited)  # refused at the reduction's agreement, still to come

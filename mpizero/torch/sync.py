@@ -18,11 +18,16 @@ Glossary:
   joined ends at once on every rank (``others_joined``): a prefetch left in
   flight would end later, out of step with the joined ranks' (the two-level
   all-gather ends with a node-wide copy every rank of the node takes part in).
+- leaving the passes: an announced operation outside ``KEPT_THROUGH`` (or a
+  mismatch) ends what stage 3 keeps gathered (``params.Binder.drop_kept``),
+  on every rank at the same announcement, before the operation reads or sets
+  the params.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -78,6 +83,8 @@ SHADOWED = (Operation.GATHER, Operation.EVAL_GATHER, Operation.REDUCE_ROUND)  # 
 # run on some ranks only (``if rank == 0: evaluate()``) is named as a call those ranks alone made
 PASSES = (Operation.GATHER, Operation.REDUCE_ROUND, Operation.JOINED, Operation.STEP, Operation.REDUCE)
 BY_GROUP = (*SHADOWED, Operation.REDUCE)  # operations on one group, named with it
+# what stage 3's kept groups stay gathered through: the passes, and what reads or drops only their gradients
+KEPT_THROUGH = (*SHADOWED, Operation.REDUCE, Operation.CLIP, Operation.READ_GRADS, Operation.DISCARD)
 
 
 class Announcer:
@@ -85,6 +92,7 @@ class Announcer:
 
     def __init__(self, collectives) -> None:
         self.collectives = collectives
+        self.leaving_passes: Callable[[], None] = lambda: None  # see the glossary (``Binder.drop_kept``)
         self.others_joined = False  # whether some rank had joined at the last announcement
 
     def announce(self, operation: Operation, detail: int = 0, fingerprint: int = 0) -> bool:
@@ -106,7 +114,10 @@ class Announcer:
         ).tolist()
         if high == NOTHING:
             return True, None, 0, True
-        if high != -low or detail_high != -detail_low or (any_joined and high not in SHADOWED):
+        mismatch = high != -low or detail_high != -detail_low or (any_joined and high not in SHADOWED)
+        if mismatch or high not in KEPT_THROUGH:
+            self.leaving_passes()
+        if mismatch:
             self._raise_mismatch(operation, detail)
         self.others_joined = bool(any_joined)
         return self.others_joined, Operation(high), detail_high, print_high == -print_low

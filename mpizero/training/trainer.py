@@ -3,7 +3,9 @@
 Every rank walks the same rounds of micro-batches (ranks with no micro-batch
 in a round still join its collectives), unit by unit. At stage 3 each unit's
 full parameters are gathered just before it runs and released right after,
-while the next unit's gather is already in flight; at stages 0-2 they stay.
+while the next unit's gather is already in flight (or, with ``keep_gathered``,
+kept until the step's update: one gather a step instead of two a round, for
+the whole model's full params held); at stages 0-2 they stay.
 Gradients go to the engine group by group (stage 3: per unit; stages 0-2:
 buckets) as soon as a round's backward has produced them, and are dropped:
 at stages 2-3 each round is reduce-scattered at once into the grad shard, at
@@ -90,12 +92,18 @@ class Trainer:
         precision: Precision,
         initial_loss_scale: float = 2.0**16,
         reduce_each_round: bool | None = None,
+        keep_gathered: bool = False,
     ) -> None:
         """``reduce_each_round``: reduce-scatter every round's gradients at once into the int64 grad-shard
         accumulator (more messages, no full-size buffer: DeepSpeed's and FSDP's default), or fold the rounds into
         one full local buffer and reduce it once (one message: stage 1's shape, and ``no_sync``'s). Default: each
-        round where the stage shards gradients (2-3)."""
+        round where the stage shards gradients (2-3). ``keep_gathered`` (stage 3, the same on every rank): keep
+        each unit's full params from its first gather until the step's update (FSDP2's
+        ``reshard_after_forward=False`` with resharding after backward off), for one all-gather of each a step
+        instead of two a round: what pays across hosts, where the gathers cross the links."""
         self.model, self.engine, self.precision = model, engine, precision
+        engine.agree_keep_gathered(keep_gathered)
+        self.keep_gathered = keep_gathered
         by_plan = engine.groups[0].plan.reduces_each_round
         self.reduce_each_round = by_plan if reduce_each_round is None else reduce_each_round
         self.units = model.units  # built once: a model's ``units`` may construct them on every access
@@ -130,6 +138,9 @@ class Trainer:
                 loss = self._forward_backward(batch, last_round=r == rounds - 1)
                 if batch is not None:
                     losses[mine[r]] = loss
+            if self.keep_gathered:  # freed before the update changes the params they were gathered from
+                for unit in range(len(self.units)):
+                    self._free(unit)
             result = self.engine.finish_step()
             if not result.redo:
                 break
@@ -153,7 +164,7 @@ class Trainer:
                 out, cache = unit.forward(out, params)
                 caches.append(cache)
             self._release(u)
-            heap.release_if_grown()  # this unit's gathered params, freed
+            heap.release_if_grown()  # this unit's gathered params, freed (unless kept)
         loss, grads, dout = None, {}, None
         if batch is not None:
             loss, dout = self.model.loss(out, batch[1])
@@ -196,6 +207,11 @@ class Trainer:
         return params
 
     def _release(self, unit: int) -> None:
+        """The unit's pass is done: free its full params, unless they are kept through the step."""
+        if not self.keep_gathered:
+            self._free(unit)
+
+    def _free(self, unit: int) -> None:
         for g in self.groups_of_unit[unit]:
             self.engine.release(g)
 

@@ -90,7 +90,7 @@ def test_the_device_paths_pass_bitwise_on_the_standin(tmp_path):
     assert "pinned buffers" in out  # the stand-in's buffers took the staged device path, not the host's
     assert out.count(": bitwise;") == 4 * 16  # stages 0-3: -n 1-4, both models, fp32 and fp16 (no warm-up off a GPU)
     assert out.count("standin against cpu: bitwise (") == 4 * 2 * 3  # stages, runs (-n 3 mlp, transformer), precisions
-    assert "-- users: every model one digest at stages 0-3 and -n 2 1" in out
+    assert "-- users: every model one digest at stages 0-3, 3 kept, and -n 2 1" in out
     assert "train-0-2-3-pageable resumed-0 compared" in out and "-- one sha256 for 6 runs" in out
 
 

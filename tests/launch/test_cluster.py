@@ -6,6 +6,7 @@ Every test that trains checks bytes, not tolerances, and that the gradients real
 Skipped, with the reason, where network namespaces cannot be made (not root, say).
 """
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -26,6 +27,7 @@ WIDTH, STEPS = 96, 4
 TRAIN = ["-m", "mpizero", "train", "--model", "mlp", "--width", str(WIDTH), "--global-batch", "24"]
 TRAIN += ["--micro-batches", "6", "--log-every", "100"]
 FLAT = {paths.ENV_VAR: "mpi"}
+BESIDE = r"(\w+) ([\d.]+ \w+) \(formula ([\d.]+ \w+)\)"  # ``train``'s "op measured (formula predicted)"
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +103,18 @@ def test_setup_predicts_inter_node_traffic_by_level():
     assert by_two["allgather"] * 2 == by_flat["allgather"] > 0
 
 
+def test_kept_units_gather_once_a_step_and_hold_every_units_params_off_one_host():
+    across = formulas.Setup((1000, 24), ranks=4, stage=3, nodes=2, two_level=True)
+    kept = dataclasses.replace(across, keep_gathered=True)
+    gathered = {rounds: formulas.inter_node_per_step(across, rounds)["allgather"] for rounds in (1, 3)}
+    once = {rounds: formulas.inter_node_per_step(kept, rounds)["allgather"] for rounds in (1, 3)}
+    assert gathered[3] == 3 * gathered[1] == 6 * once[1] == 6 * once[3] > 0  # forward and backward, each round
+    assert formulas.kept_bytes(kept) == (1000 + 24) * 4 and formulas.kept_bytes(across) == 0
+    one_host = formulas.Setup((1000, 24), ranks=4, stage=3, shared_memory=True, keep_gathered=True)
+    assert formulas.kept_bytes(one_host) == 0  # read in place
+    assert formulas.kept_bytes(dataclasses.replace(kept, stage=2)) == 0  # the full params are always held there
+
+
 # On namespace nodes.
 
 
@@ -160,6 +174,24 @@ def test_train_params_are_byte_identical_at_2x2_1x4_and_1(cluster, tmp_path):
     assert crossed["2x2"] >= grads, (crossed, grads)
     assert crossed["flat"] >= STEPS * gradient_bytes_per_step(parameters(log), two_level=False), crossed
     assert crossed["2x2"] < crossed["flat"], crossed  # the gathers cross once per node pair, not per rank
+
+
+def test_stage_3_kept_gathered_is_byte_identical_and_gathers_once_a_step_across(cluster, tmp_path):
+    """``train --keep-gathered``: the same bytes, one all-gather of each unit a step across the link, not two a
+    round (6 micro-batches at 4 ranks: 2 rounds), as the formula says; the torch bridge's option across hosts."""
+    crossed = {}
+    for label, extra in (("each-pass", []), ("kept", ["--keep-gathered"])):
+        before = link_sent(cluster)
+        log = train(cluster, [2, 2], 3, STEPS, "--save-params", tmp_path / f"{label}.npy", *extra)
+        crossed[label] = link_sent(cluster) - before
+        across = re.findall(BESIDE, log.split("to other nodes:")[1].splitlines()[0])
+        assert [op for op, _, _ in across] == ["reduce_scatter", "allreduce", "allgather"], log
+        assert all(measured == formula for _, measured, formula in across), (label, across)  # kept: 1 a step
+    assert sha256(tmp_path / "each-pass.npy") == sha256(tmp_path / "kept.npy")
+    assert crossed["kept"] < crossed["each-pass"], crossed
+    out = run_ok(cluster, [2, 2], ["-m", "mpi4py", "tests/torch_bridge/torch_kept.py"], timeout=180)
+    for check in ("gathers", "join", "edits", "refused"):  # "edits": gathered into buffers of the ranks' own
+        assert f"{check} ok" in out, out
 
 
 def test_a_rank_joined_at_stage_3_ends_each_gather_with_the_others_across_nodes(cluster):

@@ -28,14 +28,15 @@ def test_the_trainer_gives_the_same_bytes_at_1_2_and_4_ranks_stages_2_and_3_and_
     straight, logs = train(4, tmp_path / "straight", "--stage", "3")
     keys = [key for key, _ in logs]
     assert keys == ["loss", "grad_norm", "learning_rate", "eval_loss"] * 2 + ["eval_loss"], logs  # rank 0's only
-    # Interrupted after step 4's checkpoint at 1 rank and stage 2, resumed from it at 2 ranks and stage 3.
+    # Interrupted after step 4's checkpoint at 1 rank and stage 2, resumed from it at 2 ranks and stage 3, its units
+    # kept gathered through each step.
     interrupted, first_half = train(1, tmp_path / "resumed", "--stage", "2", "--stop-after", "4")
     checkpoint = tmp_path / "resumed" / "checkpoint-4"
     assert {"model.safetensors", "trainer_state.json", "rng_state.pth", "zero"} <= {
         p.name for p in checkpoint.iterdir()
     }
     assert interrupted != straight and first_half[:4] == logs[:4]
-    assert train(2, tmp_path / "resumed", "--stage", "3", "--resume") == (straight, logs[4:])
+    assert train(2, tmp_path / "resumed", "--stage", "3", "--keep-gathered", "--resume") == (straight, logs[4:])
 
 
 def test_one_rank_trains_as_the_plain_trainer_does(tmp_path):

@@ -1,5 +1,6 @@
 """mpizero.torch: bitwise identical at every world size and stage, close to torch.optim.AdamW, clear errors."""
 
+import os
 import re
 
 import numpy as np
@@ -27,16 +28,18 @@ def digests():
     found = {}
     for n in IDENTITY_SIZES:
         out = run_mpi_ok(n, ["-m", "mpi4py", "tests/torch_bridge/torch_identity.py"], timeout=240)
-        found[n] = {(m, s): d for m, s, d in re.findall(r"^digest (\w+) (\dp?) (\w+)$", out, re.M)}
+        found[n] = {(m, s): d for m, s, d in re.findall(r"^digest (\w+) (\d[pk]?) (\w+)$", out, re.M)}
     return found
 
 
 def test_every_world_size_and_stage_gives_the_same_bytes(digests):
-    assert len(digests[1]) == 10, digests[1]
+    assert len(digests[1]) == 12, digests[1]
     for n in IDENTITY_SIZES:
         assert digests[n] == digests[1], f"-n {n} differs from -n 1"
     for kind in ("mlp", "transformer"):
-        assert len({d for (k, _), d in digests[1].items() if k == kind}) == 1, f"{kind}: stages or pairing differ"
+        assert len({d for (k, _), d in digests[1].items() if k == kind}) == 1, (
+            f"{kind}: stages, pairing or keeping differ"
+        )
 
 
 def test_checkpoint_reshards_from_stage_3_at_2_ranks_to_stage_1_at_3(digests, tmp_path):
@@ -56,6 +59,21 @@ def test_a_rank_without_micro_batches_in_a_step_takes_part_from_join():
         out = run_mpi_ok(n, ["-m", "mpi4py", "tests/torch_bridge/torch_idle_rank.py"], timeout=120)
         found[n] = dict(re.findall(r"^digest (\d) (\w+)$", out, re.M))
     assert sorted(found[1]) == ["2", "3"] and found[4] == found[1]
+
+
+# Under an address-space cap below the host's memory each rank gathers into a buffer of its own, as across hosts,
+# instead of reading node-shared params in place (``Collectives.node_blocks``).
+OWN_BUFFERS_CAP_MIB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4 >> 20
+
+
+@pytest.mark.parametrize("n, own_buffers", [(1, False), (3, True), (4, False)], ids=["1", "3-own-buffers", "4"])
+def test_stage_3_keeps_units_gathered_through_a_step_with_the_same_bytes(n, own_buffers):
+    script = ["tests/torch_bridge/torch_kept.py"]
+    if own_buffers:
+        script = ["tests/training/capped.py", str(OWN_BUFFERS_CAP_MIB), *script]
+    out = run_mpi_ok(n, ["-m", "mpi4py", *script], timeout=180)
+    for check in ("gathers", "join", "edits" if own_buffers else "edits in place", "refused"):
+        assert f"{check} ok" in out, out
 
 
 @pytest.mark.parametrize("n", [2])  # agreed: one rank's error is every rank's

@@ -6,7 +6,8 @@ Trains the MLP and the transformer (torch_models) at stages 0-3, 5 global
 micro-batches per step split unevenly over the ranks; a rank with fewer runs a
 ``not_counted`` pass so every rank joins stage 3's gathers; the last round
 uses ``last_backward()`` at stage 3; the transformer trains again at stages 2-3 with rounds paired
-(``pair_contributions=True``, stage ``2p`` and ``3p``). Prints ``digest MODEL STAGE HEX`` of the final master
+(``pair_contributions=True``, stage ``2p`` and ``3p``), and both at stage 3 with units kept gathered through
+each step (``keep_gathered=True``, stage ``3k``). Prints ``digest MODEL STAGE HEX`` of the final master
 parameters (rank 0), so runs at different world sizes and ways can be compared.
 """
 
@@ -73,18 +74,23 @@ def main(argv):
         print(f"resumed digest {found}" if comm.rank == 0 else "", flush=True)
         return
     paired = [("transformer", stage, "p") for stage in (2, 3)]  # rounds two in one pass (not the default there)
-    for kind, stage, label in [(kind, stage, "") for kind in ("mlp", "transformer") for stage in range(4)] + paired:
-        model, zero = build(kind, stage, pair_contributions=True if label else None)
+    kept = [(kind, 3, "k") for kind in ("mlp", "transformer")]
+    for kind, stage, label in (
+        [(kind, stage, "") for kind in ("mlp", "transformer") for stage in range(4)] + paired + kept
+    ):
+        settings = {"pair_contributions": True} if label == "p" else {"keep_gathered": True} if label == "k" else {}
+        model, zero = build(kind, stage, **settings)
         train_steps(kind, zero, model, range(STEPS))
         found = digest(zero)
         if comm.rank == 0:
             print(f"digest {kind} {stage}{label} {found}", flush=True)
-        if stage == 3:  # torch.no_grad() and eval() inference gathers and frees every unit
+        if stage == 3:  # torch.no_grad() and eval() inference gathers every unit, and frees it unless kept
             with torch.no_grad():
                 model.eval()
                 model(batch(kind, 0, 0)[0])
-            assert all(b.allocated is False for b in zero.binder.buffers), "stage 3 left params gathered"
-            assert zero.memory()["gathered"] == 0
+            left = [b.allocated for b in zero.binder.buffers]
+            assert left == [label == "k"] * len(left), f"stage 3 {label}: gathered afterwards {left}"
+            assert label == "k" or zero.memory()["gathered"] == 0
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@
 Models no one here tuned for mpizero (torch_user_models): tied and frozen
 weights, a module used twice, ModuleDict/ModuleList nesting, BatchNorm, CPU
 autocast in bfloat16, clipping, and a transformers GPT-2 built from a config.
-Each trains at stages 0-3 with 5 global micro-batches a step split unevenly
-over the ranks, under ``join()``: two steps with kept gradients, one with
-``step(closure)``. Rank 0 prints ``digest MODEL STAGE HEX`` of the masters.
+Each trains at stages 0-3, and at stage 3 with units kept gathered through
+each step (``keep_gathered=True``, stage ``3k``), with 5 global micro-batches
+a step split unevenly over the ranks, under ``join()``: two steps with kept
+gradients, one with ``step(closure)``. Rank 0 prints ``digest MODEL STAGE
+HEX`` of the masters.
 With ``--features``: placeholders, gathered(), state dicts, and mismatched
 calls; each prints one ``ok`` line. With ``--default-units``: GPT-2 at
 stages 0 and 3 without ``units=``. ``--device cuda`` first: the models and
@@ -265,10 +267,10 @@ def main(argv):
         check_mismatch()
         return
     for kind in argv or MODELS:
-        for stage in range(4):
-            model, zero = build(kind, stage)
+        for stage, label in [(stage, "") for stage in range(4)] + [(3, "k")]:
+            model, zero = build(kind, stage, keep_gathered=label == "k")
             train(kind, zero, model)
-            say(f"digest {kind} {stage} {digest(zero.master_params().values())}")
+            say(f"digest {kind} {stage}{label} {digest(zero.master_params().values())}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ Run: mpiexec -n N python -m mpi4py tests/training/check_accounting.py
 For both models, every stage, fp32 and bf16, exact and native: the bytes the
 engine holds after a step equal ``formulas.engine_bytes`` kind by kind
 (padding included), a step's traffic equals ``formulas.traffic_per_step``, and
-in elements it is the paper's 2 Psi (stages 0-2) or 3 Psi (stage 3) times (N-1)/N.
+in elements it is the paper's 2 Psi (stages 0-2) or 3 Psi (stage 3) times (N-1)/N;
+stage 3 with units kept gathered through the step (``keep_gathered``) gathers
+each once a step, and holds every unit's full params at its peak (``kept_bytes``).
 Under ``MPIZERO_REDUCE_SCATTER=mpi`` the exact rounds of stages 2-3 travel as
 float32: 4 bytes an element on the wire, not 8.
 """
@@ -38,7 +40,7 @@ def batch(model, step, m):
 for model in (mlp, transformer):
     for precision_name in ("fp32", "bf16"):
         for reduction in ("exact", "native"):
-            for stage in STAGES:
+            for stage, kept in [(stage, False) for stage in STAGES] + [(3, True)]:
                 precision = PRECISIONS[precision_name]
                 engine = ZeroEngine(
                     model.init(0),
@@ -49,11 +51,11 @@ for model in (mlp, transformer):
                     reduction=reduction,
                     param_dtype=precision.param_dtype.name,
                 )
-                trainer = Trainer(model, engine, precision)
+                trainer = Trainer(model, engine, precision, keep_gathered=kept)
                 trainer.step(lambda m, model=model: batch(model, 1, m), MICRO_BATCHES)
                 engine.collectives.traffic.clear()
                 trainer.step(lambda m, model=model: batch(model, 2, m), MICRO_BATCHES)
-                setup = formulas.formula_setup(engine)
+                setup = formulas.formula_setup(engine, kept)
                 held = engine.memory()
                 assert held == formulas.engine_bytes(setup), (stage, precision_name, reduction, held)
                 sent = engine.collectives.traffic.sent
@@ -69,10 +71,12 @@ for model in (mlp, transformer):
                 elements = sent["reduce_scatter"] / scatter_bytes + sent["allreduce"] / setup.wire_bytes
                 elements += sent["allgather"] / setup.param_bytes
                 if size > 1:
-                    expected = formulas.paper_traffic_elements(padded, size, stage)
+                    expected = formulas.paper_traffic_elements(padded, size, 2 if kept else stage)  # kept: 1 gather
                     assert abs(elements - expected) <= len(setup.group_numels) * 2, (stage, elements, expected)
                 peak = engine.memory_report()["peak"]
-                if groups_by_unit(stage):
+                if kept:  # every group's full params (none where read in place: on one host, shared)
+                    assert peak["gathered"] == formulas.kept_bytes(setup), (peak, formulas.kept_bytes(setup))
+                elif groups_by_unit(stage):
                     two_largest = sorted(p.padded_numel for p in setup.partitions())[-2:]
                     if engine.groups[0].node_params is None:  # one host: read in place, nothing gathered
                         assert 0 < peak["gathered"] <= sum(two_largest) * setup.param_bytes

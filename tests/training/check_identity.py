@@ -1,8 +1,10 @@
 """Train both models at every stage in fp32, bf16 and fp16; print one digest line per run.
 
 Run: mpiexec -n N python -m mpi4py tests/training/check_identity.py
-The caller compares the lines across world sizes: they must be identical. Also
-asserts that stage 3 never holds more than two units' full parameters.
+The caller compares the lines across world sizes: they must be identical. Stage
+``3k`` is stage 3 with units kept gathered through each step (``keep_gathered``).
+Also asserts that stage 3 never holds more than two units' full parameters
+(every unit's, once, when kept).
 """
 
 import hashlib
@@ -32,7 +34,7 @@ MODELS = {
 
 for name, (model, batch) in MODELS.items():
     for precision_name in ("fp32", "bf16", "fp16"):
-        for stage in STAGES:
+        for stage, kept in [(stage, False) for stage in STAGES] + [(3, True)]:
             precision = PRECISIONS[precision_name]
             engine = ZeroEngine(
                 model.init(7),
@@ -43,14 +45,17 @@ for name, (model, batch) in MODELS.items():
                 clip_norm=0.5,
                 **precision.engine_settings(),
             )
-            trainer = Trainer(model, engine, precision)
+            trainer = Trainer(model, engine, precision, keep_gathered=kept)
             for step in range(1, STEPS + 1):
                 trainer.step(lambda m, step=step, batch=batch: batch(step, m), MICRO_BATCHES)
-            assert engine.peak_gathered_groups <= 2, (name, stage, engine.peak_gathered_groups)
-            if sharding(stage).params:
+            if kept:
+                assert engine.peak_gathered_groups == len(engine.groups), (name, engine.peak_gathered_groups)
+            else:
+                assert engine.peak_gathered_groups <= 2, (name, stage, engine.peak_gathered_groups)
+            if sharding(stage).params and not kept:
                 assert engine.peak_gathered_groups == 2, "stage 3 should prefetch the next unit"
             master = engine.master_params()
             in_model_order = [master[k] for k in param_shapes(model)]
             digest = hashlib.sha256(b"".join(np.ascontiguousarray(v).tobytes() for v in in_model_order)).hexdigest()
             if comm.Get_rank() == 0:
-                print(f"{name} {precision_name} stage {stage} {digest}", flush=True)
+                print(f"{name} {precision_name} stage {stage}{'k' if kept else ''} {digest}", flush=True)

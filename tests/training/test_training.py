@@ -14,7 +14,7 @@ def identity_runs():
 
 def test_every_stage_gives_the_same_bytes(identity_runs):
     lines = identity_runs[1].strip().splitlines()
-    assert len(lines) == 24  # 2 models x 3 precisions x 4 stages; 4 micro-batches: 4, 2, 1-2 and 1 per rank
+    assert len(lines) == 30  # 2 models x 3 precisions x 5 (stages 0-3, 3 kept); 4 micro-batches: 4, 2, 1-2, 1 a rank
     by_config = {}
     for line in lines:
         model, precision, _, stage, digest = line.split()
@@ -100,6 +100,7 @@ def test_fp16_overflow_skips_the_step_on_every_rank():
         (["--micro-batches", "2"], "--micro-batches 2 is fewer than the 4 ranks"),
         (["--global-batch", "10", "--micro-batches", "4"], "--global-batch 10 must split into --micro-batches 4"),
         (["--lr", "-1"], "--lr"),
+        (["--stage", "2", "--keep-gathered"], "--keep-gathered keeps stage 3's units gathered; at --stage 2 they"),
     ],
 )
 def test_bad_train_flags_fail_on_every_rank_with_the_value(flags, message):
