@@ -401,15 +401,16 @@ def table(rows: dict[str, dict], args) -> list[str]:
     """The table's lines: per count the median step ms and x DDP, then the first count's RSS columns."""
     counts, first = args.micro_batches, args.micro_batches[0]
     baselines = {"torch": rows.get("torch-ddp", {}), "gpt2": rows.get("gpt2-ddp", {})}
-    header = f"{'configuration':<18}"
+    width = max([18, *map(len, rows)])
+    header = f"{'configuration':<{width}}"
     for count in counts:
         header += f" {f'{count} mb: ms':>11} {'x DDP':>6}"
     lines = [header + f" {f'peak RSS MiB ({first})':>17} {f'above model MiB ({first})':>21} {'of it shared':>12}"]
     for config, runs in rows.items():
         if "skipped" in runs:
-            lines.append(f"{config:<18} skipped: {runs['skipped']}")
+            lines.append(f"{config:<{width}} skipped: {runs['skipped']}")
             continue
-        line, ddp = f"{config:<18}", baselines["gpt2" if framework(config) == "gpt2" else "torch"]
+        line, ddp = f"{config:<{width}}", baselines["gpt2" if framework(config) == "gpt2" else "torch"]
         for count in counts:
             ratio = runs[count]["median_ms"] / ddp[count]["median_ms"] if count in ddp else None
             line += f" {runs[count]['median_ms']:>11.1f} {f'{ratio:.2f}' if ratio else '-':>6}"
