@@ -34,7 +34,8 @@ def check(args, task, data, collectives) -> None:
     if not args.no_memory_check:
         ranks = collectives.comm.Get_size()
         size, loaded = args.global_batch // args.micro_batches, -(-args.micro_batches // ranks)
-        needed = predicted_bytes(args, units, ranks) + task.batch_bytes(data, size, loaded)
+        one_host = collectives.shared and args.device != "gpu" and collectives.node.Get_size() == ranks
+        needed = predicted_bytes(args, units, ranks, one_host) + task.batch_bytes(data, size, loaded)
         if args.device == "gpu":  # one rank's need against its device's free memory: never a false refusal
             problems += memory_problems(needed, 1, device_memory(), "on its GPU")
         else:
@@ -67,14 +68,15 @@ def save_problems(args, ranks: int) -> list[str]:
     return [f"--checkpoint-dir {args.checkpoint_dir}: {problem}"] if problem else []
 
 
-def predicted_bytes(args, units: list, ranks: int) -> int:
+def predicted_bytes(args, units: list, ranks: int, one_host: bool) -> int:
     """Bytes one rank's model states need: the engine's buffers at ``--stage`` (``formulas``), with
     ``--offload-dir`` the most states an update reads in at once, with ``--keep-gathered`` the full params kept
-    through a step. The initial values are made shard by shard (``initial.sharded``), so no rank builds the whole
-    model besides them."""
+    through a step (none where every rank shares one host's memory: ``one_host``, read in place). The initial
+    values are made shard by shard (``initial.sharded``), so no rank builds the whole model besides them."""
     setup = _setup(args, units, ranks)
     read_in = formulas.offload_bytes(setup)["in_memory_peak"] if setup.offloaded else 0
-    return sum(formulas.engine_bytes(setup).values()) + read_in + formulas.kept_bytes(setup)
+    kept = formulas.kept_bytes(dataclasses.replace(setup, shared_memory=one_host))
+    return sum(formulas.engine_bytes(setup).values()) + read_in + kept
 
 
 def offload_bytes(args, units: list, ranks: int) -> int:

@@ -110,7 +110,7 @@ class EditWatch:
     def gradients_dropped(self) -> None:
         """This step's gradients were dropped (``zero_grad()``): none computed with an edit are left."""
         self.spoiled = None
-        self.binder.edited_while_kept.clear()
+        self.binder.edited_kept_gathered.clear()
 
     def spoil_gradients(self, edit: str) -> None:
         """``gathered()`` dropped ``edit`` (``unseen_edit``), which this step's backward passes computed with:
@@ -126,11 +126,11 @@ class EditWatch:
 
     def problem(self) -> str | None:
         """What the next step must refuse, in words (None if nothing): what changed since ``record``, and this
-        step's gradients if computed with an edit of params stage 3 kept gathered (``Binder.edited_while_kept``)."""
+        step's gradients if computed with an edit of params stage 3 kept gathered (``Binder.edited_kept_gathered``)."""
         self.checked = True
-        if self.binder.edited_while_kept:
-            self.spoiled = self.spoiled or KEPT_EDIT.format(_names(sorted(set(self.binder.edited_while_kept))))
-            self.binder.edited_while_kept.clear()
+        if self.binder.edited_kept_gathered:
+            self.spoiled = self.spoiled or KEPT_EDIT.format(_names(sorted(set(self.binder.edited_kept_gathered))))
+            self.binder.edited_kept_gathered.clear()
         if self.refusal is None:
             self.refusal = self.unseen_edit()
         return self.refusal or self.spoiled
@@ -204,9 +204,9 @@ class EditWatch:
 CHANGED = "changed in place since the last step, outside the ways a sharded model's parameters change"
 DROP = "; `with zero.gathered(): pass` shows the masters again, dropping the edit"
 KEPT_EDIT = (
-    "one or more of the parameters {} changed during a forward or backward while stage 3 kept them gathered "
-    "(keep_gathered=True), so this rank's later micro-batches ran with the edit and the other ranks' without it: "
-    "this step's gradients are refused, and dropped with the step (the edit went with the gathered params); edit "
+    "one or more of the parameters {} changed (in place, or given a new .data) while stage 3 kept them gathered "
+    "(keep_gathered=True), so this rank's later passes ran with the edit and the other ranks' without it: this "
+    "step's gradients are refused, and dropped with the step (the edit went with the gathered params); edit "
     "parameters between steps inside `with zero.gathered(writeback=True):`"
 )
 GATHERED_RAISED = (

@@ -69,8 +69,8 @@ class UnitHooks:
         self.acquired: list[bool] = []  # for each lazy unit's forward in progress: whether it gathered
         self.warned = False  # whether COMPILED_WHOLE was said
         self.root, self.look_for_compile = model, False  # whether this model forward's first unit is to come
-        model.register_forward_pre_hook(outside_graphs(self._model_starts))
-        model.register_forward_hook(outside_graphs(self._model_ends))  # neither reaches the engine
+        model.register_forward_pre_hook(outside_graphs(self._model_starts))  # it does not reach the engine
+        model.register_forward_hook(outside_graphs(around(self._model_ends)))
         modules = [unit.module for unit in units] + [module for module, _ in lazy]
         for u, module in enumerate(modules):
             module.register_forward_pre_hook(outside_graphs(around(partial(self._before_forward, u))))
@@ -83,7 +83,7 @@ class UnitHooks:
     def _model_ends(self, module, args, output) -> None:
         if self.seen:
             self.order = list(dict.fromkeys(self.seen))
-        self.binder.drop_prefetched()
+        self.binder.end_prefetches()
 
     def _acquire(self, u: int, gather: Operation = Operation.GATHER) -> None:
         for g in self.needs[u]:
@@ -153,7 +153,7 @@ class UnitHooks:
         """End of a backward: release every unit still held, drop unused prefetches, reset."""
         for u in range(len(self.needs)):
             self._release_backward(u)
-        self.binder.drop_prefetched()
+        self.binder.end_prefetches()
         self.pending = [set(s) for s in self.owned]
 
 

@@ -22,15 +22,17 @@ shows its full view. At stage 3 each group's full params exist only between
 ``acquire`` (or ``prefetch``) and the last ``release``; each gather is
 announced first (``sync``), so ranks that do different things find out.
 
-- kept: with ``keep_gathered``, a group gathered for a pass stays gathered and
-  shown after its last release, until ``drop_kept``: before the step's update,
-  and before any operation that reads or sets the params outside a pass
-  (``sync.KEPT_THROUGH``). Every rank gathers and drops at the same announced
-  calls, so every rank keeps the same groups and skips the same gathers. A
-  kept group's bytes are fingerprinted when gathered and when dropped: an edit
-  made in a forward or backward reached this rank's later micro-batches alone
-  (``edited_while_kept``: the step refuses its gradients, ``edits``), or, read
-  in place, every rank's masters (``edited_in_place``).
+- kept gathered: with ``keep_gathered``, a group gathered for a pass (an
+  evaluation's too) stays gathered and shown after its last release, until
+  ``drop_kept_gathered``: before the step's update, and before any operation
+  that reads or sets the params outside a pass (``sync.KEPT_THROUGH``). Every
+  rank gathers and drops at the same announced calls, so every rank keeps the
+  same groups and skips the same gathers. Its parameters count writes through
+  ``.data`` as while read in place, and its bytes and tensors are noted when
+  gathered and compared when dropped: an edit or a new ``.data`` reached this
+  rank's later passes alone (``edited_kept_gathered``: the step refuses the
+  gradients computed with it, ``edits``), or, read in place, every rank's
+  masters (``edited_in_place``).
 """
 
 from __future__ import annotations
@@ -74,17 +76,20 @@ def own_class(param) -> type:
 class Binder:
     """Point each torch parameter at the engine's full params or a placeholder; at stage 3 gather them by group."""
 
-    def __init__(self, engine, params: dict[str, torch.nn.Parameter], device: torch.device, announcer, keep=False):
-        """``keep``: keep stage 3's groups gathered through a step's passes (``keep_gathered``; see kept)."""
-        self.engine, self.params, self.announcer, self.keeps = engine, params, announcer, keep
+    def __init__(
+        self, engine, params: dict[str, torch.nn.Parameter], device: torch.device, announcer, keep_gathered=False
+    ):
+        """``keep_gathered``: keep stage 3's groups gathered through a step's passes (see kept gathered)."""
+        self.engine, self.params, self.announcer = engine, params, announcer
+        self.keep_gathered = keep_gathered
         self.zero_copy = np.dtype(engine.config.param_dtype) == np.float32
         self.sharded = engine.groups[0].plan.gathers_params
         self.holders = [0] * len(engine.groups)  # acquisitions not yet released, per group
         self.in_flight: set[int] = set()  # prefetched groups nobody has acquired yet
         self.in_place: dict[int, list[int]] = {}  # groups shown as the engine's shared params: each one's versions
         self.edited_in_place: list[str] = []  # parameters edited while shown so, until a load sets the masters
-        self.kept: dict[int, tuple] = {}  # groups kept gathered until ``drop_kept``: each one's fingerprint when shown
-        self.edited_while_kept: list[str] = []  # parameters of kept groups whose bytes changed, until the step
+        self.kept_gathered: dict[int, tuple] = {}  # each such group's ``_signature`` as gathered
+        self.edited_kept_gathered: list[str] = []  # their parameters found changed, until the step or zero_grad()
         self.buffers: list[FullParams] = []
         self.placeholder = torch.empty(0, dtype=torch.float32, device=device)
         if self.sharded or not self.zero_copy:
@@ -99,14 +104,16 @@ class Binder:
 
     def _show(self, index: int) -> None:
         """Make group ``index``'s parameters views of its (allocated) float32 buffer. Shown as the engine's
-        shared params (read in place), a write through ``.data`` is counted as while hidden, and each
-        parameter's version is noted, so that ``_hide`` finds any edit."""
+        shared params (read in place), or kept gathered, a write through ``.data`` is counted as while hidden; read
+        in place, each parameter's version is noted, so that ``_hide`` finds any edit."""
         flat = self.buffers[index].tensor
         shared = index in self.in_place
+        counted = shared or self.keep_gathered
         for spec in self.engine.groups[index].layout.specs:
             param = self.params[spec.name]
-            param.__class__ = counting_class(own_class(param)) if shared else own_class(param)
-            param.data = flat[spec.offset : spec.stop].view(spec.shape)
+            param.__class__ = counting_class(own_class(param)) if counted else own_class(param)
+            with torch.inference_mode(False):  # shown to every later pass, not an inference tensor
+                param.data = flat[spec.offset : spec.stop].view(spec.shape)
         if shared:
             self.in_place[index] = [self.params[name]._version for name in self.engine.groups[index].layout.names]
 
@@ -144,7 +151,7 @@ class Binder:
     def prefetch(self, index: int, gather: Operation = Operation.GATHER) -> None:
         """Start gathering group ``index`` if nobody holds it (stage 3); ``acquire`` completes it. ``gather``: as
         what it is announced (``GATHER``, or ``EVAL_GATHER`` for a forward without gradients)."""
-        if self.holders[index] or index in self.in_flight or index in self.kept:
+        if self.holders[index] or index in self.in_flight or index in self.kept_gathered:
             return
         self.announcer.announce(gather, index)
         blocking = self.announcer.others_joined  # the joined ranks' part ends at once: so does this rank's
@@ -158,8 +165,8 @@ class Binder:
         """Make group ``index``'s torch parameters hold the full values until the matching ``release``
         (``gather``: as ``prefetch``'s). ``private``: into a buffer of their own, even where the engine's full
         params are read in place, so that an edit the caller may make stays on this rank until it is agreed, and
-        never kept."""
-        if self.holders[index] == 0 and index not in self.kept:
+        never kept gathered."""
+        if self.holders[index] == 0 and index not in self.kept_gathered:
             if index not in self.in_flight:
                 self.announcer.announce(gather, index)
             if self.zero_copy:
@@ -171,8 +178,8 @@ class Binder:
                 self.engine.release(index)
             self.in_flight.discard(index)
             self._show(index)
-            if self.keeps and not private:
-                self.kept[index] = self._fingerprint(index)
+            if self.keep_gathered and not private:
+                self.kept_gathered[index] = self._signature(index)
         self.holders[index] += 1
 
     def _gather_shown(self, index: int, blocking: bool, private: bool) -> None:
@@ -186,38 +193,45 @@ class Binder:
             self.engine.gather(index, blocking=blocking, out=self.buffers[index].allocate())
 
     def release(self, index: int) -> None:
-        """Drop one hold on group ``index``; the last one frees its full params, unless they are kept."""
+        """Drop one hold on group ``index``; the last one frees its full params, unless they are kept gathered."""
         self.holders[index] -= 1
-        if self.holders[index] == 0 and index not in self.kept:
+        if self.holders[index] == 0 and index not in self.kept_gathered:
             self._free(index)
 
-    def drop_prefetched(self) -> None:
-        """Free groups prefetched but never used (the model took another path); where groups are kept, keep them
-        instead, as every rank that prefetched them does, whichever path its model took."""
+    def end_prefetches(self) -> None:
+        """Free groups prefetched but never used (the model took another path); where groups are kept gathered,
+        keep them instead, as every rank that prefetched them does, whichever path its model took."""
         for index in sorted(self.in_flight):
             if self.holders[index]:
                 continue
-            if self.keeps:
+            if self.keep_gathered:
                 self.acquire(index)  # completes the gather; the release keeps it
                 self.release(index)
             else:
                 self._free(index)
         self.in_flight.clear()
 
-    def drop_kept(self) -> None:
+    def drop_kept_gathered(self) -> None:
         """Stop keeping groups gathered (every rank at the same call: ``sync.KEPT_THROUGH``, and before a step's
-        update): free those nobody holds, and note the parameters of any whose bytes changed while kept."""
-        for index, shown in sorted(self.kept.items()):
-            if self._fingerprint(index) != shown:  # read in place, the edit is in every rank's masters
-                edited = self.edited_in_place if index in self.in_place else self.edited_while_kept
-                edited += self.engine.groups[index].layout.names
+        update): free those nobody holds, and note the parameters of any whose bytes or tensors changed since
+        gathered (bytes read in place: the edit is in every rank's masters)."""
+        for index, (fingerprint, tensors) in sorted(self.kept_gathered.items()):
+            names = self.engine.groups[index].layout.names
+            now = self._signature(index)
+            if now[0] != fingerprint and index in self.in_place:
+                self.edited_in_place.extend(names)
+            elif now != (fingerprint, tensors):
+                self.edited_kept_gathered.extend(names)
             if self.holders[index] == 0:
                 self._free(index)
-        self.kept.clear()
+        self.kept_gathered.clear()
 
-    def _fingerprint(self, index: int) -> tuple:
-        """The fingerprint of the bytes group ``index``'s parameters show (gathered)."""
-        return fingerprints([as_array(self.buffers[index].tensor)])[0]
+    def _signature(self, index: int) -> tuple:
+        """What group ``index``'s shown parameters look like: its buffer's fingerprint, and the memory each
+        parameter's tensor starts at and its shape (a new ``.data`` changes them, not the buffer)."""
+        params = [self.params[name] for name in self.engine.groups[index].layout.names]
+        tensors = tuple((p.data_ptr(), tuple(p.shape)) for p in params)
+        return fingerprints([as_array(self.buffers[index].tensor)])[0], tensors
 
     def _free(self, index: int) -> None:
         self.engine.release(index)  # first: MPI may still be writing into the buffer

@@ -98,7 +98,17 @@ class ShardedModel:
     """The engine behind a torch module: ``step()``, ``join()``, ``gathered()``, ``state_dict()``, ``save()``, ..."""
 
     def __init__(
-        self, model, optimizer, stage: int, comm, modules, settings: dict, init=None, trim_heap=True, seed=0, keep=False
+        self,
+        model,
+        optimizer,
+        stage: int,
+        comm,
+        modules,
+        settings: dict,
+        init=None,
+        trim_heap=True,
+        seed=0,
+        keep_gathered=False,
     ):
         self.model, self.trim_heap, self.seed = model, trim_heap, seed
         self.units = [u for u in plan_units(model, modules) if u.needed]
@@ -125,11 +135,11 @@ class ShardedModel:
             if self._trims_heap:
                 heap.keep_freed_blocks()
             agree.raise_unless_equal(self.engine.collectives, {"the seed micro_batch() keys randomness to": seed})
-            self.engine.agree_keep_gathered(keep)
+            self.engine.agree_keep_gathered(keep_gathered)
             self.announcer = Announcer(self.engine.collectives)
             self.buffers = BufferSync(model, self.engine.collectives, self.torch_stream.around)
-            self.binder = Binder(self.engine, self.params, self.device, self.announcer, keep)
-            self.announcer.leaving_passes = self.binder.drop_kept
+            self.binder = Binder(self.engine, self.params, self.device, self.announcer, keep_gathered)
+            self.announcer.leaving_passes = self._drop_kept_gathered
             self.torch_stream.order_forward(model, outside_graphs)
             self.hooks = None
             if self.binder.sharded:
@@ -183,6 +193,13 @@ class ShardedModel:
     def _trims_heap(self) -> bool:
         """Whether this model hands the C heap's free pages back (``trim_heap``, gradients and params on the host)."""
         return self.trim_heap and self.engine.groups[0].xp is np
+
+    def _drop_kept_gathered(self) -> None:
+        """Free what stage 3 keeps gathered (``Binder.drop_kept_gathered``); an edit found in it spoils only
+        gradients computed meanwhile: none where no backward has handed any in yet (an evaluation's edit)."""
+        self.binder.drop_kept_gathered()
+        if not self.grads.handed_in:
+            self.binder.edited_kept_gathered.clear()
 
     def _trim(self) -> None:
         """Hand the C heap's free pages back when it grew."""
@@ -312,7 +329,7 @@ class ShardedModel:
         return ended
 
     def _finish_step(self) -> StepResult:
-        self.binder.drop_kept()  # before the update changes the params; what changed in them is the check's
+        self._drop_kept_gathered()  # before the update changes the params; what changed in them is the check's
         edited = self.edits.problem()
         if edited is not None and not self._reduced and self._ended is None:
             self.engine.note_problem(edited)  # refused at the reduction's agreement, still to come
@@ -476,6 +493,12 @@ class ShardedModel:
         """
         self.announcer.announce(Operation.LOAD_STATE_DICT)
         state.load_full_state_dict(self, state_dict)
+
+    @on_torch_stream
+    def reshard(self) -> None:
+        """Free the units stage 3 keeps gathered (``keep_gathered``) now, as FSDP2's ``model.reshard()`` does after
+        an evaluation; else they stay until the next step or a call that reads or sets the params. Collective."""
+        self.announcer.announce(Operation.RESHARD)
 
     def memory(self) -> dict[str, int]:
         """Bytes this rank holds, by kind: the engine's (held gradients among its grads), plus torch-side float32

@@ -19,7 +19,7 @@ Glossary:
   flight would end later, out of step with the joined ranks' (the two-level
   all-gather ends with a node-wide copy every rank of the node takes part in).
 - leaving the passes: an announced operation outside ``KEPT_THROUGH`` (or a
-  mismatch) ends what stage 3 keeps gathered (``params.Binder.drop_kept``),
+  mismatch) ends what stage 3 keeps gathered (``params.Binder.drop_kept_gathered``),
   on every rank at the same announcement, before the operation reads or sets
   the params.
 """
@@ -57,6 +57,7 @@ class Operation(enum.IntEnum):
     LOAD_OPTIMIZER_STATE_DICT = 14
     READ_GRADS = 15
     EVAL_GATHER = 16
+    RESHARD = 17
 
 
 DESCRIBED = {
@@ -77,6 +78,7 @@ DESCRIBED = {
     Operation.LOAD_OPTIMIZER_STATE_DICT: "called optimizer.load_state_dict()",
     Operation.READ_GRADS: "read a parameter's .grad (reducing the step's gradients)",
     Operation.EVAL_GATHER: "gathered parameters for a forward without gradients (evaluation, torch.no_grad())",
+    Operation.RESHARD: "called reshard()",
 }
 SHADOWED = (Operation.GATHER, Operation.EVAL_GATHER, Operation.REDUCE_ROUND)  # what joined ranks take part in
 # what uneven training passes mismatch; an evaluation's gathers are told apart from training's, so that one
@@ -92,7 +94,7 @@ class Announcer:
 
     def __init__(self, collectives) -> None:
         self.collectives = collectives
-        self.leaving_passes: Callable[[], None] = lambda: None  # see the glossary (``Binder.drop_kept``)
+        self.leaving_passes: Callable[[], None] = lambda: None  # see the glossary (``Binder.drop_kept_gathered``)
         self.others_joined = False  # whether some rank had joined at the last announcement
 
     def announce(self, operation: Operation, detail: int = 0, fingerprint: int = 0) -> bool:

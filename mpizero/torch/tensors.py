@@ -92,15 +92,17 @@ class FullParams:
         """Make the buffer exist (if it does not): the last one if anything still holds it, else a new one; return
         an array view of it (zero-copy). ``shown``: the array to show instead (the engine's full params, read in
         place), made the buffer until ``free``."""
-        if shown is not None:
-            self.tensor = as_tensor(shown)
-        if self.tensor is None:
-            memory = self._last()
-            if memory is None:
-                with self.xp.cuda.Device(self.device.index) if self.device.type == "cuda" else contextlib.nullcontext():
-                    memory = self.xp.empty(self.numel, dtype=np.float32)  # on the parameters' GPU, not CuPy's
-                self._last = weakref.ref(getattr(memory, "underneath", memory))  # the stand-in's: its host array
-            self.tensor = as_tensor(memory)
+        with torch.inference_mode(False):  # a forward under inference_mode may gather it: it serves later ones too
+            if shown is not None:
+                self.tensor = as_tensor(shown)
+            if self.tensor is None:
+                memory = self._last()
+                if memory is None:
+                    device = self.xp.cuda.Device(self.device.index) if self.device.type == "cuda" else None
+                    with device or contextlib.nullcontext():
+                        memory = self.xp.empty(self.numel, dtype=np.float32)  # on the parameters' GPU, not CuPy's
+                    self._last = weakref.ref(getattr(memory, "underneath", memory))  # the stand-in's: its host array
+                self.tensor = as_tensor(memory)
         return as_array(self.tensor)
 
     def free(self) -> None:

@@ -7,7 +7,8 @@ import os
 import pytest
 
 from mpizero import files
-from mpizero.cli import outputs, preflight
+from mpizero.cli import outputs, preflight, train
+from mpizero.training.registry import Size, entry
 
 
 def test_write_replaces_whole_and_leaves_no_temporary_file(tmp_path):
@@ -103,3 +104,22 @@ def test_the_checkpoints_to_come_count_those_a_resumed_run_finds_on_disk(tmp_pat
     assert preflight.checkpoints_to_come(args) == 1
     args.keep = 5  # three saves ahead, and room for four more
     assert preflight.checkpoints_to_come(args) == 3
+
+
+def test_the_preflight_counts_the_params_kept_gathered_where_they_are_not_read_in_place():
+    """``train --stage 3 --keep-gathered`` holds every unit's full params through a step: counted per rank across
+    hosts, not where every rank shares one host and reads them in place."""
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    plain = parser.parse_args(["--model", "mlp", "--stage", "3"])
+    kept = parser.parse_args(["--model", "mlp", "--stage", "3", "--keep-gathered"])
+    task = entry("mlp", Size.of(plain))
+    units = task.unit_runs(task.load())
+    params = sum(sum(unit.tensors) * unit.count for unit in units)
+    predicted = {
+        (args.keep_gathered, one_host): preflight.predicted_bytes(args, units, 4, one_host)
+        for args in (plain, kept)
+        for one_host in (False, True)
+    }
+    assert predicted[True, True] == predicted[False, True] == predicted[False, False]
+    assert 4 * params <= predicted[True, False] - predicted[False, False] < 4.01 * params  # and the padding

@@ -54,14 +54,14 @@ def check_gathers() -> None:
             for m in mpizero.split_evenly(MICRO_BATCHES * comm.size, comm.size, comm.rank):
                 backward(model, step, m)
             if keep:  # every group's full params held, but where read in place (``formulas.kept_bytes``)
-                assert sorted(zero.binder.kept) == [0, 1, 2], zero.binder.kept
+                assert sorted(zero.binder.kept_gathered) == [0, 1, 2], zero.binder.kept_gathered
                 in_place = zero.engine.groups[0].node_params is not None
                 full = sum(4 * group.partition.padded_numel for group in zero.engine.groups)
                 assert zero.memory()["gathered"] == (0 if in_place else full), zero.memory()
             zero.step()
             zero.zero_grad()
             counted[keep] = zero.engine.collectives.traffic.calls["allgather"]
-            assert not zero.binder.kept and not any(b.allocated for b in zero.binder.buffers), keep
+            assert not zero.binder.kept_gathered and not any(b.allocated for b in zero.binder.buffers), keep
             assert zero.memory()["gathered"] == 0
         counted[keep, "digest"] = digest(zero)
     assert counted[False] == 2 * MICRO_BATCHES * 3 and counted[True] == 3, counted
@@ -71,7 +71,8 @@ def check_gathers() -> None:
 
 def uneven_run(keep: bool) -> str:
     """Three steps: rank 0 runs one more micro-batch than the others inside join(); mid-step, a state_dict() and
-    a gathered() block between micro-batches."""
+    a gathered() block between micro-batches; after each step, an evaluation forward under inference_mode (once
+    followed by reshard())."""
     model, zero = build(keep)
     for step in range(3):
         with zero.join():
@@ -79,13 +80,18 @@ def uneven_run(keep: bool) -> str:
                 backward(model, step, 10 * comm.rank + m)
         if step == 1:
             zero.state_dict()
-            assert not zero.binder.kept
+            assert not zero.binder.kept_gathered
             backward(model, step, 50 + comm.rank)
             with zero.gathered():
-                assert not zero.binder.kept
+                assert not zero.binder.kept_gathered
             backward(model, step, 60 + comm.rank)
         zero.step()
         zero.zero_grad()
+        with torch.inference_mode():  # Lightning's evaluation: the units it gathers stay for the next pass
+            model(torch.ones(2, 5))
+        if step == 1:  # freed at once, as FSDP2's model.reshard()
+            zero.reshard()
+            assert not zero.binder.kept_gathered and zero.memory()["gathered"] == 0
     return digest(zero)
 
 
@@ -95,9 +101,9 @@ def check_join() -> None:
 
 
 def check_edits() -> None:
-    """Read in place (every rank on one host) the edit reached every rank's masters: refused until a load; in a
-    buffer of this rank's own, until the masters are shown again (a counted edit) or for the step (an uncounted
-    one)."""
+    """An edit in a forward on rank 0 alone: read in place (every rank on one host) its bytes reach every rank's
+    masters, refused until a load; in a buffer of the rank's own, a write through ``.data`` is counted and refused
+    until the masters are shown again, an uncounted one (through NumPy) or a new ``.data`` refuses the step."""
     clean_model, clean = build(True)
     for m in range(2):
         backward(clean_model, 0, m)
@@ -105,8 +111,13 @@ def check_edits() -> None:
     model, zero = build(True)
     saved = zero.state_dict(all_ranks=True)
     in_place = zero.engine.groups[0].node_params is not None
-    uncounted, counted = (lambda p: p.data.mul_(2.0)), (lambda p: p.mul_(2.0))
-    for edit, message in ((uncounted, "while stage 3 kept them gathered"), (counted, "changed in place")):
+    kept, reached = "while stage 3 kept them gathered", "were edited in place during a forward or backward at stage 3"
+    edits = {
+        "uncounted": (lambda p: p.detach().numpy().__imul__(2.0), reached if in_place else kept),
+        "counted": (lambda p: p.data.mul_(2.0), reached if in_place else "changed in place"),
+        "new tensor": (lambda p: setattr(p, "data", p.data * 2.0), kept),
+    }
+    for edit, message in edits.values():
 
         def on_rank_0(module, args, edit=edit):
             if comm.rank == 0:
@@ -120,13 +131,12 @@ def check_edits() -> None:
         try:
             zero.step()
         except mpizero.ZeroError as error:
-            expected = "were edited in place during a forward or backward at stage 3" if in_place else message
-            assert expected in str(error) and "'2.weight'" in str(error), error
+            assert message in str(error) and "'2.weight'" in str(error), error
         else:
-            raise AssertionError("an edit of kept params was not refused")
-        assert not zero.binder.kept
+            raise AssertionError(f"{message}: an edit of params kept gathered was not refused")
+        assert not zero.binder.kept_gathered
         zero.zero_grad()
-        if in_place:
+        if message == reached:
             zero.load_state_dict(saved)
         else:
             with zero.gathered():  # shows the masters again: a counted edit's refusal ends here
@@ -134,6 +144,19 @@ def check_edits() -> None:
     for m in range(2):
         backward(model, 0, m)
     zero.step()
+    # a new tensor shown in an evaluation on rank 0, gone before any backward: no gradient was computed with it
+    new_tensor = edits["new tensor"][0]
+    hook = model[2].register_forward_pre_hook(
+        lambda module, args: new_tensor(module.weight) if comm.rank == 0 else None
+    )
+    with torch.no_grad():
+        model(torch.ones(2, 5))
+    hook.remove()
+    zero.state_dict()
+    for kept_or_not, sharded in ((clean_model, clean), (model, zero)):
+        for m in range(2):
+            backward(kept_or_not, 1, m)
+        sharded.step()
     assert digest(zero) == digest(clean)
     say(f"edits {'in place ' if in_place else ''}ok")
 
