@@ -109,10 +109,10 @@ class Binder:
         flat = self.buffers[index].tensor
         shared = index in self.in_place
         counted = shared or self.keep_gathered
-        for spec in self.engine.groups[index].layout.specs:
-            param = self.params[spec.name]
-            param.__class__ = counting_class(own_class(param)) if counted else own_class(param)
-            with torch.inference_mode(False):  # shown to every later pass, not an inference tensor
+        with torch.inference_mode(False):  # shown to every later pass: no inference tensor
+            for spec in self.engine.groups[index].layout.specs:
+                param = self.params[spec.name]
+                param.__class__ = counting_class(own_class(param)) if counted else own_class(param)
                 param.data = flat[spec.offset : spec.stop].view(spec.shape)
         if shared:
             self.in_place[index] = [self.params[name]._version for name in self.engine.groups[index].layout.names]
