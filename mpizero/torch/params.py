@@ -169,18 +169,32 @@ class Binder:
         if self.holders[index] == 0 and index not in self.kept_gathered:
             if index not in self.in_flight:
                 self.announcer.announce(gather, index)
-            if self.zero_copy:
-                self._gather_shown(index, blocking=True, private=private)
-            else:
-                views = self.engine.gather(index)
-                self.buffers[index].allocate()
-                self._convert(index, views)
-                self.engine.release(index)
-            self.in_flight.discard(index)
-            self._show(index)
-            if self.keep_gathered and not private:
-                self.kept_gathered[index] = self._signature(index)
+            self._gather_and_show(index, private)
         self.holders[index] += 1
+
+    def take_part(self, index: int) -> None:
+        """As a rank that has left ``join()``, take part in the gather of group ``index`` that the others announced:
+        kept gathered where they keep it, so that every rank keeps the same groups after the block; else freed at
+        once."""
+        if self.keep_gathered:
+            self._gather_and_show(index, private=False)
+        else:
+            self.engine.gather(index)
+            self.engine.release(index)
+
+    def _gather_and_show(self, index: int, private: bool) -> None:
+        """Finish gathering group ``index`` (its gather announced) and show it; keep it gathered if so asked."""
+        if self.zero_copy:
+            self._gather_shown(index, blocking=True, private=private)
+        else:
+            views = self.engine.gather(index)
+            self.buffers[index].allocate()
+            self._convert(index, views)
+            self.engine.release(index)
+        self.in_flight.discard(index)
+        self._show(index)
+        if self.keep_gathered and not private:
+            self.kept_gathered[index] = self._signature(index)
 
     def _gather_shown(self, index: int, blocking: bool, private: bool) -> None:
         """Gather group ``index`` (float32) into the buffer its parameters show: the engine's full params where

@@ -259,15 +259,11 @@ class ShardedModel:
         with self.torch_stream():
             self.announcer.serve_joined(
                 {
-                    Operation.GATHER: self._shadow_gather,
-                    Operation.EVAL_GATHER: self._shadow_gather,
+                    Operation.GATHER: self.binder.take_part,
+                    Operation.EVAL_GATHER: self.binder.take_part,
                     Operation.REDUCE_ROUND: self._shadow_round,
                 }
             )
-
-    def _shadow_gather(self, index: int) -> None:
-        self.engine.gather(index)
-        self.engine.release(index)
 
     def _shadow_round(self, index: int) -> None:
         self.engine.reduce_round(index, None)

@@ -4,10 +4,10 @@ Run: mpiexec -n N python -m mpi4py tests/torch_bridge/torch_kept.py
 
 Prints ``CHECK ok`` for each check (every rank asserts): ``gathers`` (one all-gather of each group a step against
 two a micro-batch, and nothing gathered after the step), ``join`` (uneven passes inside ``join()``, a call that
-reads the params in mid-step and a ``gathered()`` block, each the bytes of the same run without keeping),
-``edits`` (an edit inside a forward on rank 0 alone refuses the step on every rank, and the step taken again
-gives the bytes of a run that never saw it), ``refused`` (the option outside stage 3, unequal on the ranks, not
-a bool: the same error on every rank).
+reads the params in mid-step and a ``gathered()`` block; ranks that ran no pass inside ``join()`` then passes
+on every rank; each the bytes of the same run without keeping), ``edits`` (an edit inside a forward on rank 0
+alone refuses the step on every rank, and the step taken again gives the bytes of a run that never saw it),
+``refused`` (the option outside stage 3, unequal on the ranks, not a bool: the same error on every rank).
 """
 
 import hashlib
@@ -95,8 +95,25 @@ def uneven_run(keep: bool) -> str:
     return digest(zero)
 
 
+def idle_rank_run(keep: bool) -> str:
+    """Two steps whose passes all run on rank 0 inside join() (the other ranks take part from it, as a rank with no
+    micro-batch does), then, on every rank, an evaluation forward and one more pass before the step."""
+    model, zero = build(keep)
+    for step in range(2):
+        with zero.join():
+            for m in range(2 if comm.rank == 0 else 0):
+                backward(model, step, m)
+        with torch.no_grad():
+            model(torch.ones(2, 5))
+        backward(model, step, 10 + comm.rank)
+        zero.step()
+        zero.zero_grad()
+    return digest(zero)
+
+
 def check_join() -> None:
     assert uneven_run(True) == uneven_run(False)
+    assert idle_rank_run(True) == idle_rank_run(False)
     say("join ok")
 
 
