@@ -12,6 +12,9 @@
 - ``model.load_state_dict(sd)`` loads into the masters on every rank
   (``zero.load_state_dict``), so nothing is lost when the next step publishes
   the masters again.
+- ``model.zero_grad()`` drops the step's gradients, as ``zero.zero_grad()``
+  (the gradients live in the engine's sums, not in ``.grad``); a submodule's,
+  which would drop only some of them, raises naming the whole model's.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ def install(zero) -> None:
     if zero.binder.sharded:
         FullStateDicts(zero)
     zero.model.load_state_dict = types.MethodType(_load_state_dict(zero), zero.model)
+    for module in zero.model.modules():
+        if any(id(p) in _owners for p in module.parameters()):
+            module.zero_grad = types.MethodType(_zero_grad(zero, whole=module is zero.model), module)
 
 
 def _owner(parameters) -> tuple[list, object]:
@@ -118,6 +124,20 @@ class FullStateDicts:
         shared = {name: torch.from_numpy(masters[name]) for name in wanted}
         for key, name in entries.items():
             state_dict[key] = shared[name]  # tied names share one tensor, as in a plain model's state dict
+
+
+def _zero_grad(zero, whole: bool):
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """``module.zero_grad()``: the step's gradients dropped (``zero.zero_grad``; collective if any were handed
+        in), on the whole model only."""
+        if not whole:
+            raise ZeroError(
+                "zero_grad() on a submodule of a sharded model: the step's gradients are summed in the engine by "
+                "group, not per module; drop them all with model.zero_grad() or optimizer.zero_grad()"
+            )
+        zero.zero_grad()
+
+    return zero_grad
 
 
 def _load_state_dict(zero):

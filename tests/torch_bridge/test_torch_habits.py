@@ -145,6 +145,24 @@ def test_model_load_state_dict_loads_into_the_masters_at_every_stage():
             net.load_state_dict(zeros, strict=False)
 
 
+def test_model_zero_grad_drops_the_steps_gradients_at_every_stage_and_a_submodules_names_the_model():
+    """Backward passes, ``model.zero_grad()``, one more backward and a step: the step of that last backward alone,
+    as ``optimizer.zero_grad()`` gives (the gradients live in the engine's sums, which ``.grad`` does not hold)."""
+    for stage in range(4):
+        found = {}
+        for how in ("model", "optimizer"):
+            net, opt, zero = tied(stage)
+            backward(net, seed=1)
+            backward(net, seed=2)
+            net.zero_grad() if how == "model" else opt.zero_grad()
+            backward(net, seed=3)
+            opt.step()
+            found[how] = [a.tobytes() for a in zero.master_params().values()]
+        assert found["model"] == found["optimizer"], stage
+        with pytest.raises(mpizero.ZeroError, match=r"submodule.*model.zero_grad\(\)"):
+            net.body.zero_grad()
+
+
 def test_a_submodule_called_outside_the_forward_at_stage_3_gathers_for_its_forward_and_backward():
     net, opt, zero = tied(3)
     hidden = torch.randn(3, 8, requires_grad=True)
