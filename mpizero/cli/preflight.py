@@ -34,7 +34,7 @@ def check(args, task, data, collectives) -> None:
     if not args.no_memory_check:
         ranks = collectives.comm.Get_size()
         size, loaded = args.global_batch // args.micro_batches, -(-args.micro_batches // ranks)
-        one_host = collectives.shared and args.device != "gpu" and collectives.node.Get_size() == ranks
+        one_host = collectives.one_host and args.device != "gpu"  # as the engine's ``Collectives.node_blocks``
         needed = predicted_bytes(args, units, ranks, one_host) + task.batch_bytes(data, size, loaded)
         if args.device == "gpu":  # one rank's need against its device's free memory: never a false refusal
             problems += memory_problems(needed, 1, device_memory(), "on its GPU")

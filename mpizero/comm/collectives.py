@@ -165,8 +165,8 @@ class Collectives:
 
     def owner_sums(self, key, numel: int, dtype):
         """The node-shared accumulators ``key`` (``OwnerSums``, ``numel`` elements per rank), made at first use
-        (collective then), or None unless on ``_one_host`` with ``_room_to_map``."""
-        if not self._one_host:
+        (collective then), or None unless on ``one_host`` with ``_room_to_map``."""
+        if not self.one_host:
             return None
         if key not in self.sums and self._room_to_map(numel * np.dtype(dtype).itemsize):
             with self.watchdog.waiting("set-up of owner sums"):
@@ -176,10 +176,10 @@ class Collectives:
     def node_blocks(self, numels: list[int], dtype, what: str) -> list[NodeBlocks] | None:
         """For each of ``numels``, node-shared blocks of that many elements per rank whose ``whole`` is every
         rank's blocks in one array (collective: a few agreements however many), for buffers every rank reads in
-        place (``what``: stage 3's full params, stage 0's averaged grads); None unless on ``_one_host``, for at
+        place (``what``: stage 3's full params, stage 0's averaged grads); None unless on ``one_host``, for at
         most ``MAX_BLOCK_WINDOWS`` groups, no rank has an address-space limit, the shared memory has room for all,
         and the MPI library laid every rank's blocks out one after another (MPI's default)."""
-        if not self._one_host or len(numels) > MAX_BLOCK_WINDOWS or self._address_space_limited:
+        if not self.one_host or len(numels) > MAX_BLOCK_WINDOWS or self._address_space_limited:
             return None
         problem = window_room_problem(sum(numels) * np.dtype(dtype).itemsize * self.node.Get_size())
         if agree.said_by_any(self, problem, f"room for node-shared {what}") is not None:
@@ -194,7 +194,7 @@ class Collectives:
         return made
 
     @property
-    def _one_host(self) -> bool:
+    def one_host(self) -> bool:
         """Whether every rank shares this host's memory, and node-shared blocks may be summed or read there."""
         return self.shared and not self.paths.two_level and self.node.Get_size() == self.comm.Get_size()
 
