@@ -18,7 +18,7 @@ import types
 import numpy as np
 
 from mpizero.standin import arguments, bus, cuda, late
-from mpizero.standin.device import compute, device_arrays, device_operands, ndarray, on_device
+from mpizero.standin.device import allocated, compute, device_arrays, device_operands, ndarray, on_device
 
 __all__ = [
     "array",
@@ -46,7 +46,7 @@ def asarray(a, dtype=None, order=None) -> ndarray:
     host = np.array(a, dtype=dtype, order=order or "K")  # a copy: the device has memory of its own
     bus.copied("h2d", host.nbytes, False)
     cuda.launched()
-    return ndarray(host)
+    return allocated(host)
 
 
 def array(a, dtype=None, copy=True, order="K") -> ndarray:
@@ -56,7 +56,7 @@ def array(a, dtype=None, copy=True, order="K") -> ndarray:
             return asarray(a, dtype)
         cuda.due()
         cuda.launched()
-        return ndarray(np.array(a._host, dtype=dtype, copy=True, order=order))
+        return allocated(np.array(a._host, dtype=dtype, copy=True, order=order))
     return asarray(a, dtype, order)
 
 
@@ -76,12 +76,12 @@ def from_dlpack(tensor) -> ndarray:
 
 def empty(shape, dtype=np.float64, order="C") -> ndarray:
     """``cupy.empty``: memory as it was left (running late, a garbage pattern: ``late.garbage``)."""
-    return ndarray(late.garbage(np.empty(shape, dtype, order)))
+    return allocated(late.garbage(np.empty(shape, dtype, order)))
 
 
 def empty_like(a, dtype=None, order="K", shape=None) -> ndarray:
     """``cupy.empty_like`` of a device array: memory as it was left."""
-    return ndarray(late.garbage(np.empty_like(device_arrays([a], "empty_like")[0]._host, dtype, order, shape=shape)))
+    return allocated(late.garbage(np.empty_like(device_arrays([a], "empty_like")[0]._host, dtype, order, shape=shape)))
 
 
 def empty_pinned(shape, dtype=np.float64) -> np.ndarray:

@@ -8,7 +8,9 @@ they cost nothing, so they are counted instead and tests pin how many a step may
 - ``h2d``: host-to-device copies (``set``, ``asarray`` of host data, host index arrays);
 - ``sync``: waits of the host on the device (every blocking copy to the host, ``synchronize``);
 - ``bytes``: bytes over the bus, both ways;
-- ``device copy``: assignments between device arrays (``a[...] = b``), which never leave the device.
+- ``device copy``: assignments between device arrays (``a[...] = b``), which never leave the device;
+- ``alloc``: device allocations (every new device array that owns its memory: ``empty``, ``zeros``, a copy, the
+  result of an operation without ``out``, a reduction's 0-d result), each a call into the memory pool on a GPU.
 """
 
 from __future__ import annotations
@@ -29,3 +31,8 @@ def copied(direction: str, nbytes: int, waits: bool) -> None:
 def waited() -> None:
     """Count one wait of the host on the device (``synchronize``)."""
     COUNTS["sync"] += 1
+
+
+def allocated() -> None:
+    """Count one device allocation."""
+    COUNTS["alloc"] += 1

@@ -128,7 +128,7 @@ class ndarray(numpy.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's na
         cuda.due()
         converted = self._host.astype(dtype, order=order, copy=copy)
         cuda.launched()
-        return ndarray(converted)
+        return wrap(converted)
 
     # What crosses the bus ------------------------------------------------------
 
@@ -263,6 +263,12 @@ def device_operands(value) -> list[np.ndarray]:
     return []
 
 
+def allocated(host: np.ndarray) -> ndarray:
+    """A device array over new memory ``host``, counted as one device allocation (``bus``)."""
+    bus.allocated()
+    return ndarray(host)
+
+
 def device_arrays(arrays, function: str) -> list:
     """The arrays ``stack`` or ``concatenate`` joins, which CuPy takes only as device arrays (not numbers)."""
     for a in arrays:
@@ -284,11 +290,12 @@ def device_index(index):
 
 
 def wrap(value):
-    """Device arrays for NumPy's results (a NumPy scalar or bool becomes a 0-d device array, as CuPy gives)."""
+    """Device arrays for NumPy's results (a NumPy scalar or bool becomes a 0-d device array, as CuPy gives); each
+    that owns its memory is counted as an allocation (``bus``)."""
     if isinstance(value, np.ndarray):
-        return ndarray(value)
+        return allocated(value) if value.flags.owndata else ndarray(value)
     if isinstance(value, (np.generic, bool)):
-        return ndarray(np.asarray(value))
+        return allocated(np.asarray(value))
     if isinstance(value, (tuple, list)):
         return type(value)(wrap(v) for v in value)
     return value

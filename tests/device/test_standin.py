@@ -45,6 +45,18 @@ def test_results_stay_on_the_device_and_every_copy_is_counted():
         a.set(np.zeros(6))
 
 
+def test_every_new_device_array_is_counted_as_an_allocation_and_views_and_writes_are_not():
+    a = standin.asarray(np.arange(6, dtype=np.float32))  # a copy of host data: new device memory
+    b = standin.empty(6, np.float32)
+    assert bus.COUNTS["alloc"] == 2
+    a.reshape(2, 3), a[1:4], a.view(np.uint32)  # views of a's memory
+    b[...] = a  # a copy into memory that exists
+    np.multiply(a, 2, out=b)
+    assert bus.COUNTS["alloc"] == 2
+    a * 2, a.max(), a.astype(np.float64), standin.zeros(3, np.int64)  # each a new array (a reduction's 0-d one too)
+    assert bus.COUNTS["alloc"] == 6
+
+
 def test_device_names():
     assert device_of(standin.zeros(1)) == "standin" and device_of(np.zeros(1)) == "cpu"
 
