@@ -103,6 +103,7 @@ class Collectives:
     def __init__(self, comm: MPI.Comm, watchdog_seconds: float | None = None, on_device: bool = False) -> None:
         """Settle and agree the communication paths (collective: every rank builds its Collectives together)."""
         self.comm = comm
+        self.alone = comm.Get_size() == 1  # control messages then make no MPI call (``_control``)
         self.traffic = Traffic()
         self.watchdog = Watchdog(watchdog_seconds, comm)
         with self.watchdog.waiting("set-up: splitting ranks by node"):
@@ -263,15 +264,16 @@ class Collectives:
 
     def allgather_object(self, value, what: str) -> list:
         """Every rank's ``value``, in rank order, on every rank."""
-        return self._control(f"allgather of {what}", value, lambda: self.comm.allgather(value), gathers=True)
+        return self._control(f"allgather of {what}", value, lambda: self.comm.allgather(value), [value], gathers=True)
 
     def bcast_object(self, value, what: str, root: int = 0):
         """Rank ``root``'s ``value`` on every rank."""
-        return self._control(f"bcast of {what}", value, lambda: self.comm.bcast(value, root=root))
+        return self._control(f"bcast of {what}", value, lambda: self.comm.bcast(value, root=root), value)
 
     def gather_object(self, value, what: str, root: int = 0) -> list | None:
         """Every rank's ``value`` in rank order on ``root``; None elsewhere."""
-        return self._control(f"gather of {what}", value, lambda: self.comm.gather(value, root=root), gathers=True)
+        gather = lambda: self.comm.gather(value, root=root)  # noqa: E731
+        return self._control(f"gather of {what}", value, gather, [value], gathers=True)
 
     def allreduce_value(self, value, op: MPI.Op, what: str):
         """``op`` (``MPI.MAX``, ``MPI.SUM``, ``MPI.LAND``, ...) over every rank's Python scalar.
@@ -279,7 +281,7 @@ class Collectives:
         mpi4py's object all-reduce holds the GIL while it waits, which would stop the watchdog's thread;
         so the wait is a nonblocking barrier's, after which every rank is there and the all-reduce is quick.
         """
-        return self._control(f"allreduce of {what}", value, lambda: self._allreduce_object(value, op))
+        return self._control(f"allreduce of {what}", value, lambda: self._allreduce_object(value, op), value)
 
     def _allreduce_object(self, value, op: MPI.Op):
         self.comm.Ibarrier().Wait()
@@ -290,19 +292,25 @@ class Collectives:
         return self._allreduce_small(send, op, f"allreduce of {what}")
 
     def _allreduce_small(self, send: np.ndarray, op: MPI.Op, waiting_in: str) -> np.ndarray:
-        recv = np.empty_like(send)
         self.traffic.record_control(send.nbytes, send.nbytes)
+        if self.alone:  # any reduction over one rank is its own value
+            return send.copy()
+        recv = np.empty_like(send)
         with self.watchdog.waiting(waiting_in), self.traffic.timed("agreement"):
             self.comm.Allreduce(send, recv, op=op)
         return recv
 
     def barrier(self, what: str) -> None:
         """Wait until every rank has reached this point."""
-        self._control(f"barrier before {what}", None, self.comm.Barrier)
+        self._control(f"barrier before {what}", None, self.comm.Barrier, None)
 
-    def _control(self, op: str, value, call, gathers: bool = False):
+    def _control(self, op: str, value, call, alone, gathers: bool = False):
+        """Count a control call and make it (``call``), or at one rank return what it would (``alone``) with no
+        MPI call."""
         payload = len(pickle.dumps(value))
         self.traffic.record_control(payload, payload * (self.comm.Get_size() if gathers else 1))
+        if self.alone:
+            return alone
         with self.watchdog.waiting(op), self.traffic.timed("agreement"):
             return call()
 

@@ -18,6 +18,7 @@ from mpizero.core import digest, sharded_init
 from mpizero.core.group import FlatGroup
 from mpizero.core.layout import FlatLayout
 from mpizero.core.partition import Partition
+from mpizero.core.reduce.group_encode import DeviceStats, Spill
 from mpizero.core.reduce.reduction import REDUCTIONS
 from mpizero.core.stages import ShardPlan, sharding
 
@@ -53,6 +54,18 @@ def build_groups(
     if offload_to is None:
         share_grads(groups, collectives)
     return groups
+
+
+def device_spills(groups: list[FlatGroup], reduction) -> DeviceStats | None:
+    """On a device, with a reduction that spills: the engine's device stats, and each group's spill in them
+    (``group_encode``); None otherwise."""
+    if not reduction.spills:
+        return None
+    stats = DeviceStats(groups[0].xp, [len(g.layout.specs) for g in groups])
+    for index, group in enumerate(groups):
+        spill = Spill(stats, index, len(group.layout.specs), group.partition.padded_numel)
+        group.gradients.spill = spill
+    return stats
 
 
 def share_params(groups: list[FlatGroup], collectives) -> None:

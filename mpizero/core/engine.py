@@ -100,6 +100,7 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         self.initial_digest = self.master_digest()
         for group in self.groups:
             group.gradients.keep_local_grads(self.collectives, self.reduction)
+        self.device_stats = build.device_spills(self.groups, self.reduction) if on_device else None
         self._tracker = StepTracker(len(self.groups))
         tensors = [[s.name for s in g.layout.specs] for g in self.groups]
         self.scales = scales.StepScales(tensors, self.reduction, self.config.scale_headroom)
@@ -183,7 +184,9 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
     def _record(self, tally, index: int, found, can_redo: bool, keep: Keep) -> None:
         tally.record(*found)
         tally.measured |= can_redo and not self.scales.streams(index)
-        tally.unheld |= keep is Keep.REDO
+        spill = self.groups[index].gradients.active_spill
+        spilled = spill is not None and all(p is not None for p in self.scales.used[index])
+        tally.unheld |= keep is Keep.REDO and not spilled  # a spill holds what a prediction's cap left out
 
     def streams(self, index: int) -> bool:
         """Whether this step's pass encodes group ``index`` before the scales are agreed, so that its rounds are
@@ -365,7 +368,11 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         if not self._tracker.begin():
             return
         self._holding, self._hold_next_pass = self._hold_next_pass, False
-        self._tallies = [GroupTally(g.layout.specs, g.xp) for g in self.groups]
+        if self.device_stats is not None:  # a pass run again to hold what a spill could not holds it on the host
+            self.device_stats.clear()
+            for group in self.groups:
+                group.gradients.spilling = not self._holding
+        self._tallies = [GroupTally(g.layout.specs, g.xp, g.gradients.active_spill) for g in self.groups]
         self._hyper = None
         self.scales.begin()
 

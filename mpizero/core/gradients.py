@@ -21,6 +21,9 @@ Glossary (with ``group``'s, these names and no others):
 - kept: elements the stream left out (beyond the cap, or a tensor with no
   prediction), held as float32 arrays until the step's scales are agreed, then
   encoded at the chosen scales and reduced in one more collective.
+- spill: on a device, where a pass puts the elements it leaves out of tensors
+  that have a prediction, so that no backward waits to learn what to hold
+  (``group_encode``); encoded with the kept elements once the scales are agreed.
 - grad shard: the averaged float32 gradient over the owned range, where the
   group's place keeps it (``states``; offloaded: written to the group's file
   once decoded, and read in again for the update).
@@ -73,6 +76,8 @@ class GroupGradients:
         self.decoded_segments = segments
         self.kept: dict[int, list] = {}  # tensor index -> [(array, lowest magnitude bits left out)]
         self.waiting: Waiting | None = None
+        self.spill = None  # on a device with the exact reduction: the group's spill (``group_encode.Spill``)
+        self.spilling = True  # False in a pass run again to hold what an overflowed spill could not
         self.rounds_waiting = False  # the one waiting is a round's: it is summed over ranks, not into local grads
         self.accumulated, self.rounds_reduced, self.decoded = False, 0, False  # this step's progress
 
@@ -133,9 +138,15 @@ class GroupGradients:
 
     def _encode(self, reduction, total, contributions: list, predictions, assign: bool, start: int = 0) -> list:
         """Encode one or two contributions' arrays into ``total`` in one pass; each one's (maxima, left out)."""
+        spill = self.active_spill
         if len(contributions) == 1:
-            return [reduction.encode(total, contributions[0], self.layout, predictions, assign, start)]
-        return reduction.encode_pair(total, *contributions, self.layout, predictions, assign, start)
+            return [reduction.encode(total, contributions[0], self.layout, predictions, assign, start, spill)]
+        return reduction.encode_pair(total, *contributions, self.layout, predictions, assign, start, spill)
+
+    @property
+    def active_spill(self):
+        """The spill this pass encodes with (None: the encode reports each contribution's maxima and counts)."""
+        return self.spill if self.spilling else None
 
     def _kept_and_found(self, pair: list[Waiting], found: list, predictions) -> list:
         """Hold what each encoded contribution left out; return ``[(Waiting, (tops, outside))]`` for those with
@@ -232,6 +243,8 @@ class GroupGradients:
         self._bring_sums_back()
         padded, wire = self.partition.padded_numel, reduction.wire_dtype
         on_arena = self._on_arena(collectives)
+        if collectives.alone and not on_arena:  # the sum over one rank is its own: encoded straight into it
+            return self._encode_alone(reduction, present, predictions)
         narrow = reduction.round_dtype if not on_arena and reduction.round_dtype != wire else None
         narrow = narrow if rounds < 2 else None  # a pair's sum need not be a float32 (``rounds``: alike on all ranks)
         if on_arena:
@@ -256,6 +269,18 @@ class GroupGradients:
             collectives.reduce_scatter_add(buffer, self.reduced)
         return found
 
+    def _encode_alone(self, reduction, present: list, predictions) -> list:
+        """One rank's round: its contributions encoded into the streamed sum itself (its whole padded range), no
+        round buffer and no collective; the same integers as a round buffer reduce-scattered over one rank."""
+        first = self.reduced is None
+        if first:
+            self.reduced = self.xp.empty(self.owned_numel, dtype=reduction.wire_dtype)
+        if present:
+            return self._encode(reduction, self.reduced, present, predictions, first)
+        if first:
+            self.reduced[...] = 0
+        return []
+
     def _keep(self, grads, predictions, outside, keep: Keep, measure: bool) -> None:
         """Hold the arrays whose elements the stream left out (only those elements are encoded from them later);
         with ``measure``, a tensor with no prediction is only measured (the step will be redone). On a device the
@@ -265,7 +290,10 @@ class GroupGradients:
         if keep is Keep.REDO:
             return
         on_device = self.xp is not np
-        outside = read_back(outside) if on_device else outside
+        if self.active_spill is not None:  # tensors with a prediction spilled what they left out; the rest left out all
+            outside = [spec.numel if p is None else 0 for spec, p in zip(self.layout.specs, predictions)]
+        elif on_device:
+            outside = read_back(outside)
         for index, (spec, prediction, left_out) in enumerate(zip(self.layout.specs, predictions, outside)):
             if int(left_out) and not (measure and prediction is None):
                 x = grads[spec.name].reshape(-1)
@@ -316,6 +344,8 @@ class GroupGradients:
         if any(any_kept):
             buffer = self.xp.empty(self.partition.padded_numel, dtype=wire)
             reduction.encode_kept(buffer, self.kept, self.layout.specs, chosen, exact.INF_BITS)
+            if self.active_spill is not None:
+                self.spill.encode_into(buffer, [spec.offset for spec in self.layout.specs], chosen)
             kept_sum = self.xp.empty(self._averaged_numel, dtype=wire)
             self._collective(collectives, buffer, kept_sum, True)
             total += kept_sum
@@ -360,6 +390,8 @@ class GroupGradients:
         return waiting + sum(int(a.nbytes) for arrays in self.kept.values() for a, _ in arrays)
 
     def comm_bytes(self) -> int:
-        """Bytes of this step's gradient buffers (an owner sums accumulator is the communicator's: not counted)."""
+        """Bytes of this step's gradient buffers (an owner sums accumulator is the communicator's: not counted), and
+        of the spill and its device stats, made once."""
         private = None if self.sums is not None and self.reduced is self.sums.own else self.reduced
-        return sum(0 if b is None else b.nbytes for b in (self.local_grads, private, self.pending_result))
+        spill = 0 if self.spill is None else self.spill.nbytes
+        return spill + sum(0 if b is None else b.nbytes for b in (self.local_grads, private, self.pending_result))

@@ -5,7 +5,8 @@ Each buffer's 8-byte words are summed three ways modulo 2**64: plainly, weighted
 rows permuted, two words swapped) changes the fingerprint as a write of other values does. Blind spot: the sums
 are linear modulo 2**64, so changes of 2**63 (the sign of the upper float32 of a word flipped) cancel in pairs
 whose weights have the same parity. On the host one compiled pass reads each buffer once (``SOURCE``); on a
-device, or where nothing compiles, NumPy or CuPy evaluates the same sums (``_by_formula``: two passes).
+device one launch a buffer (``DEVICE_SOURCE``; on the stand-in, the formula evaluated by NumPy in that launch) into
+one small array read back once; where nothing compiles NumPy evaluates the same sums (``_by_formula``: two passes).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import functools
 import numpy as np
 
 from mpizero import compiled
-from mpizero.arrays import array_module, to_host
+from mpizero.arrays import array_module, is_standin, to_host
 
 COLUMNS = 4093  # words per row: a prime, so that no tensor's rows line up with its rows
 
@@ -54,10 +55,76 @@ def fingerprints(buffers: list) -> list[tuple[int, int, int]]:
     on a device by formula, with one transfer back for all."""
     if not buffers:
         return []
-    kernel = _compiled() if array_module(buffers[0]) is np else None
+    xp = array_module(buffers[0])
+    if xp is not np:
+        return _on_device(xp, buffers)
+    kernel = _compiled()
     if kernel is None:
         return _by_formula(buffers)
     return [_one_pass(kernel, buffer) for buffer in buffers]
+
+
+def _on_device(xp, buffers: list) -> list[tuple[int, int, int]]:
+    """The sums of each device buffer in one launch, into one array (zeroed by one more), one transfer back."""
+    out = xp.zeros(3 * len(buffers), dtype=np.uint64)
+    kernel = _device_kernel(xp)
+    for index, buffer in enumerate(buffers):
+        kernel(buffer.reshape(-1), out[3 * index : 3 * index + 3])
+    flat = to_host(out).tolist()
+    return list(zip(flat[::3], flat[1::3], flat[2::3]))
+
+
+@functools.cache
+def _device_kernel(xp):
+    """``kernel(buffer, out)``: a buffer's three sums added into ``out`` (three uint64), one launch."""
+    if is_standin(xp):
+
+        def body(buffer, out):
+            out += np.array(_by_formula([buffer])[0], dtype=np.uint64)
+
+        body.__name__ = "mz_fingerprint"
+        return xp.kernel(body, "T buffer", "uint64 out")
+    compiled_kernel = xp.RawKernel(DEVICE_SOURCE, "mz_fingerprint")
+
+    def launch(buffer, out) -> None:
+        count = buffer.size * buffer.itemsize // 4
+        blocks = max(1, min(1024, -(-count // (2 * THREADS))))
+        compiled_kernel((blocks,), (THREADS,), (buffer, np.int64(count), out))
+
+    return launch
+
+
+THREADS = 256
+DEVICE_SOURCE = f"""
+extern "C" __global__ void mz_fingerprint(const unsigned int* floats, long long count, unsigned long long* out) {{
+    __shared__ unsigned long long sums[3][{THREADS}];
+    long long words = count / 2;
+    unsigned long long total = 0, by_column = 0, by_row = 0;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long p = blockIdx.x * (long long)blockDim.x + threadIdx.x; p < words; p += stride) {{
+        unsigned long long word = (unsigned long long)floats[2 * p] | ((unsigned long long)floats[2 * p + 1] << 32);
+        total += word;
+        by_column += word * (unsigned long long)(p % {COLUMNS} + 1);
+        by_row += word * (unsigned long long)(p / {COLUMNS} + 1);
+    }}
+    if (blockIdx.x == 0 && threadIdx.x == 0 && (count & 1)) {{  /* the last float32 of an odd count, alone */
+        unsigned long long odd = floats[count - 1];
+        total += odd;
+        by_row += odd * (unsigned long long)(words / {COLUMNS} + 1);
+    }}
+    sums[0][threadIdx.x] = total;
+    sums[1][threadIdx.x] = by_column;
+    sums[2][threadIdx.x] = by_row;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {{
+        if (threadIdx.x < s)
+            for (int i = 0; i < 3; i++) sums[i][threadIdx.x] += sums[i][threadIdx.x + s];
+        __syncthreads();
+    }}
+    if (threadIdx.x == 0)
+        for (int i = 0; i < 3; i++) atomicAdd(&out[i], sums[i][0]);  /* sums modulo 2**64: any order */
+}}
+"""
 
 
 def _one_pass(kernel, buffer: np.ndarray) -> tuple[int, int, int]:

@@ -319,8 +319,9 @@ class ShardedModel:
         if ended is not None and ended.redo and not self.grads.streaming:  # every rank: the redo is agreed
             raise ZeroError(
                 f"step {ended.step + 1}: its gradients outgrew the scales predicted from the last step (more than "
-                "about 4x as many backward passes), and without a closure they cannot be handed in again: take "
-                "such a step with zero.step(closure)"
+                "about 4x as many backward passes, or, on a device, more elements beyond the predicted range than "
+                "the group's spill holds), and without a closure they cannot be handed in again: take such a step "
+                "with zero.step(closure)"
             )
         return ended
 

@@ -131,6 +131,23 @@ def test_the_compiled_fingerprint_gives_the_formulas_sums(numel):
     assert fingerprints(pieces) == _by_formula(pieces)
 
 
+@pytest.mark.parametrize("numel", [0, 1, 3, 2 * COLUMNS + 1, 100_003])
+def test_the_device_fingerprint_gives_the_formulas_sums_in_one_launch_a_buffer(numel):
+    """On a device (the stand-in) each buffer's sums take one launch, all come back in one copy, and they are the
+    formula's: odd counts, partial rows, a piece 4 bytes off 8-byte words."""
+    from mpizero import standin
+    from mpizero.standin import bus, cuda
+
+    rng = np.random.default_rng(numel)
+    values = rng.integers(0, 2**32, numel + 1, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    pieces = [values[:numel], values[::-1].copy()[:numel], values[1:]]
+    on_device = [standin.asarray(values)[:numel], standin.asarray(pieces[1]), standin.asarray(values)[1:]]
+    bus.COUNTS.clear()
+    cuda.LAUNCHES.clear()
+    assert fingerprints(on_device) == _by_formula(pieces)
+    assert sum(cuda.LAUNCHES.values()) == 1 + len(pieces) + 1 and bus.COUNTS["sync"] == 1  # zeros, sums, copy
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_a_write_through_data_that_only_moves_values_is_refused(stage):
     """The fingerprint weighs each word by its place: rows permuted in place change it, though not the sum."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from mpizero.arrays import array_module
-from mpizero.core.reduce import arithmetic, exact, kernels, scales
+from mpizero.core.reduce import arithmetic, exact, group_encode, kernels, scales
 
 EVERY_FINITE = (0, exact.INF_BITS)  # the magnitude range of every finite float32
 
@@ -40,6 +40,7 @@ class ExactReduction:
     bitwise = True
     result_can_overflow = False  # the mean of values below the agreed maximum is below it
     pairs = True  # integer sums are associative: two contributions may be added in one pass
+    spills = True  # on a device, what a pass leaves out may wait in a spill (``group_encode``): added exactly later
 
     def predict(self, history: tuple[float, int] | None, headroom: int) -> scales.Prediction | None:
         return None if history is None else scales.predict(*history, headroom)
@@ -50,16 +51,28 @@ class ExactReduction:
     def chosen_scale(self, prediction, largest: float, count: int, any_kept: bool) -> int:
         return scales.chosen_scale(prediction, largest, count, any_kept)
 
-    def encode(self, total, grads, layout, predictions, assign: bool, start: int = 0) -> tuple[list, list]:
+    def encode(self, total, grads, layout, predictions, assign: bool, start: int = 0, spill=None) -> tuple[list, list]:
         """Fold one contribution into ``total`` (elements ``start`` on) at each tensor's predicted scale, below
-        its cap; with ``assign``, write the span (zeros beyond the tensors) instead of adding to it."""
-        return self._encode(total, [grads], layout, predictions, assign, start)[0]
+        its cap; with ``assign``, write the span (zeros beyond the tensors) instead of adding to it. With a device
+        ``spill`` (``group_encode``), the whole group in one launch: its maxima and counts go to the device stats,
+        and the contribution's are ``(None, None)``."""
+        return self._encode(total, [grads], layout, predictions, assign, start, spill)[0]
 
-    def encode_pair(self, total, grads, second, layout, predictions, assign: bool, start: int = 0) -> list:
+    def encode_pair(self, total, grads, second, layout, predictions, assign: bool, start: int = 0, spill=None) -> list:
         """``encode`` of ``grads`` then of ``second`` in one pass over ``total``; each one's (maxima, left out)."""
-        return self._encode(total, [grads, second], layout, predictions, assign, start)
+        return self._encode(total, [grads, second], layout, predictions, assign, start, spill)
 
-    def _encode(self, total, contributions, layout, predictions, assign: bool, start: int) -> list:
+    def _encode(self, total, contributions, layout, predictions, assign: bool, start: int, spill) -> list:
+        if spill is not None and start == 0:
+            tensors = []
+            for index, spec, _, _ in layout.overlaps(0, total.size):
+                prediction = predictions[index]  # None: every element left out and held whole, never spilled
+                k, cap = (0, 0) if prediction is None else (prediction.k, prediction.cap_bits)
+                pieces = [grads[spec.name].reshape(-1) for grads in contributions]
+                tensors.append((spec.offset, pieces, k, cap, prediction is not None))
+            group_encode.encode_group(array_module(total), total, tensors, assign, layout.numel, spill)
+            return [(None, None)] * len(contributions)
+
         def encode_one(view, pieces, index: int, first: bool):
             prediction = predictions[index]  # None: nothing is in range, every element is left out
             k, cap = (0, 0) if prediction is None else (prediction.k, prediction.cap_bits)
@@ -152,6 +165,7 @@ class NativeReduction:
     bitwise = False
     result_can_overflow = True  # a float32 sum of finite values can reach inf
     pairs = False  # a float32 sum's bits depend on the order of its additions
+    spills = False
     EVERYTHING = scales.Prediction(0, 1 << 20, 0)
 
     def predict(self, history, headroom: int) -> scales.Prediction:
@@ -163,7 +177,7 @@ class NativeReduction:
     def chosen_scale(self, prediction, largest: float, count: int, any_kept: bool) -> int:
         return 0
 
-    def encode(self, total, grads, layout, predictions, assign: bool, start: int = 0) -> tuple[list, list]:
+    def encode(self, total, grads, layout, predictions, assign: bool, start: int = 0, spill=None) -> tuple[list, list]:
         def add_one(view, pieces, index: int, first: bool):
             (x,) = pieces
             with np.errstate(over="ignore"):  # an overflow becomes inf, which the engine agrees on after the sum

@@ -23,8 +23,10 @@ FIXED_FIELDS = 5  # count, problem, measured, and the optimizer digest with its 
 class GroupTally:
     """This rank's count of contributions, per-tensor maxima and kept flags, and first problem, for one group."""
 
-    def __init__(self, specs, xp) -> None:
+    def __init__(self, specs, xp, spill=None) -> None:
         self.specs, self.xp = specs, xp
+        self.spill = spill  # on a device: the group's spill, whose device stats hold its maxima and counts
+        self.in_device_stats = False  # a contribution's maxima and counts went to the device stats
         self.count = self.seen = 0
         self.top_bits = [0] * len(specs)
         self.kept = [False] * len(specs)
@@ -43,6 +45,9 @@ class GroupTally:
     def record(self, tops, outside) -> None:
         """Count one contribution: its largest magnitude's bits and how many elements were left out, per tensor."""
         self.count += 1
+        if tops is None:  # folded into the device stats by the group's encode (``group_encode``)
+            self.in_device_stats = True
+            return
         if tops and not isinstance(tops[0], int):
             self.pending.append((tops, outside))
             return
@@ -76,7 +81,14 @@ class GroupTally:
 
 def settle_pending(tallies) -> None:
     """Copy the device maxima and counts of every contribution the ``tallies`` hold to the host in one transfer:
-    the step's first agreement takes every group's, not one copy per group."""
+    the step's first agreement takes every group's, not one copy per group. A spill past its slots leaves its
+    elements unheld: the step must run again."""
+    for tally in tallies:
+        if tally.in_device_stats:  # the device stats are read back once, whatever the number of groups
+            n = len(tally.specs)
+            row = tally.spill.device.of_group(tally.spill.index)
+            tally.fold(row[:n].tolist(), row[n : 2 * n].tolist())
+            tally.unheld |= int(row[2 * n]) > tally.spill.slots
     waiting = [tally for tally in tallies if tally.pending]
     if not waiting:
         return
