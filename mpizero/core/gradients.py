@@ -78,6 +78,7 @@ class GroupGradients:
         self.waiting: Waiting | None = None
         self.spill = None  # on a device with the exact reduction: the group's spill (``group_encode.Spill``)
         self.spilling = True  # False in a pass run again to hold what an overflowed spill could not
+        self.sum_buffer = None  # on a device at one rank: the streamed sum's buffer, kept between steps
         self.rounds_waiting = False  # the one waiting is a round's: it is summed over ranks, not into local grads
         self.accumulated, self.rounds_reduced, self.decoded = False, 0, False  # this step's progress
 
@@ -271,15 +272,25 @@ class GroupGradients:
 
     def _encode_alone(self, reduction, present: list, predictions) -> list:
         """One rank's round: its contributions encoded into the streamed sum itself (its whole padded range), no
-        round buffer and no collective; the same integers as a round buffer reduce-scattered over one rank."""
+        round buffer and no collective; the same integers as a round buffer reduce-scattered over one rank. On a
+        device the sum's buffer is made once (``sum_buffer``)."""
         first = self.reduced is None
         if first:
-            self.reduced = self.xp.empty(self.owned_numel, dtype=reduction.wire_dtype)
+            self.reduced = self._sum_buffer(reduction.wire_dtype)
         if present:
             return self._encode(reduction, self.reduced, present, predictions, first)
         if first:
             self.reduced[...] = 0
         return []
+
+    def _sum_buffer(self, wire):
+        """A buffer for the streamed sum over the owned range: on a device the one kept between steps (made at the
+        first), so that no step allocates it; on the host a new one (freed with the step)."""
+        if self.xp is np:
+            return np.empty(self.owned_numel, dtype=wire)
+        if self.sum_buffer is None:
+            self.sum_buffer = self.xp.empty(self.owned_numel, dtype=wire)
+        return self.sum_buffer
 
     def _keep(self, grads, predictions, outside, keep: Keep, measure: bool) -> None:
         """Hold the arrays whose elements the stream left out (only those elements are encoded from them later);
@@ -317,7 +328,8 @@ class GroupGradients:
             local = self.local_grads = self.xp.empty(padded, dtype=wire)
         if not self.accumulated:
             local[...] = 0
-        result = self.xp.empty(self._averaged_numel, dtype=wire)
+        alone = collectives.alone and not self._on_arena(collectives)  # one rank's sum is its own: no copy
+        result = local if alone else self.xp.empty(self._averaged_numel, dtype=wire)
         self.pending_reduce = self._collective(collectives, local, result, blocking)
         self.pending_result = result
 
@@ -351,9 +363,7 @@ class GroupGradients:
             total += kept_sum
         shard = self.place.decode_target()
         decoded = shard if self.grad_blocks is None else self.grad_blocks.own
-        decoded[...] = 0
-        for index, lo, hi in self.decoded_segments:
-            reduction.decode(total[lo:hi], chosen[index], count, decoded[lo:hi])
+        reduction.decode_segments(total, self.decoded_segments, chosen, count, decoded)
         if self.grad_blocks is not None:
             collectives.decoded_in_place(self.grad_blocks)
         self.place.decoded(shard)
@@ -393,5 +403,7 @@ class GroupGradients:
         """Bytes of this step's gradient buffers (an owner sums accumulator is the communicator's: not counted), and
         of the spill and its device stats, made once."""
         private = None if self.sums is not None and self.reduced is self.sums.own else self.reduced
-        spill = 0 if self.spill is None else self.spill.nbytes
-        return spill + sum(0 if b is None else b.nbytes for b in (self.local_grads, private, self.pending_result))
+        private = None if private is self.sum_buffer or private is self.local_grads else private
+        made_once = sum(0 if b is None else b.nbytes for b in (self.spill, self.sum_buffer))
+        result = None if self.pending_result is self.local_grads else self.pending_result
+        return made_once + sum(0 if b is None else b.nbytes for b in (self.local_grads, private, result))

@@ -61,12 +61,16 @@ class TorchStream:
     def __init__(self, xp, device: torch.device) -> None:
         self.xp, self.device = xp, device
         self.last = None  # the stream the engine was last entered on
+        self.streams: dict[int, object] = {}  # CuPy's stream over each torch stream entered on, by pointer
         self.lent: dict[int, torch.Tensor] = {}  # id of an array the engine holds -> the tensor it views
 
     def __call__(self):
         if self.xp is np:
             return contextlib.nullcontext()
-        stream = external_stream(self.xp, torch_stream_pointer(self.device))
+        ptr = torch_stream_pointer(self.device)
+        stream = self.streams.get(ptr)
+        if stream is None:
+            stream = self.streams[ptr] = external_stream(self.xp, ptr)
         self.follow(stream)
         return stream
 

@@ -219,3 +219,47 @@ def device_top_and_outside(cupy, x, lo: int, hi: int):
 def device_decode(cupy, total, divisor: float, out) -> None:
     """``exact.decode`` on the GPU, in one pass (``out`` flat, same length)."""
     kernels(cupy).decode(total, divisor, out)
+
+
+MAX_SEGMENTS = 32  # segments one decode launch takes (three scalars each)
+
+
+def device_decode_segments(cupy, total, segments: list, out) -> None:
+    """Decode each segment ``(lo, hi, divisor)`` of ``total`` into ``out`` (same length) and write 0 elsewhere, in one
+    launch per ``MAX_SEGMENTS`` segments (sorted by ``lo``), each over its own part of ``out``."""
+    chunks = [segments[i : i + MAX_SEGMENTS] for i in range(0, len(segments), MAX_SEGMENTS)] or [[]]
+    for number, chunk in enumerate(chunks):
+        start = 0 if number == 0 else chunk[0][0]
+        stop = out.size if number == len(chunks) - 1 else chunks[number + 1][0][0]
+        relative = [(lo - start, hi - start, divisor) for lo, hi, divisor in chunk]
+        if stop > start:
+            _segments_kernel(cupy, len(chunk))(total[start:stop], relative, out[start:stop])
+
+
+@functools.cache
+def _segments_kernel(cupy, count: int):
+    """``launch(total, segments, out)`` for ``count`` segments: CuPy's kernel, or NumPy's body on the stand-in."""
+    params = ", ".join(f"int64 lo{s}, int64 hi{s}, float64 d{s}" for s in range(count))
+    inputs = f"int64 total{', ' if params else ''}{params}"
+    if is_standin(cupy):
+
+        def body(total, *rest):
+            *scalars, out = rest
+            out[...] = 0
+            for s in range(count):
+                lo, hi, divisor = int(scalars[3 * s]), int(scalars[3 * s + 1]), float(scalars[3 * s + 2])
+                out[lo:hi] = decode(NUMPY_OPS, total[lo:hi], divisor)
+
+        body.__name__ = "mz_decode_segments"
+        kernel = cupy.kernel(body, inputs, WIRE_OUT)
+    else:
+        pick = " else ".join(f"if (i >= lo{s} && i < hi{s}) {{ divisor = d{s}; inside = true; }}" for s in range(count))
+        statement = f"out = inside ? {decode(C_OPS, 'total', 'divisor')} : 0.0f;"
+        body = f"double divisor = 1.0; bool inside = false; {pick} {statement}"
+        kernel = cupy.ElementwiseKernel(inputs, WIRE_OUT, body, "mz_decode_segments")
+
+    def launch(total, segments: list, out) -> None:
+        scalars = [v for lo, hi, d in segments for v in (np.int64(lo), np.int64(hi), np.float64(d))]
+        kernel(total, *scalars, out)
+
+    return launch

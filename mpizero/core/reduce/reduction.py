@@ -24,6 +24,8 @@ int64's bytes, with the same sum (``arithmetic.rounded``).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from mpizero.arrays import array_module
@@ -117,6 +119,16 @@ class ExactReduction:
     def decode(self, reduced, scale: int, count: int, out) -> None:
         exact.decode(reduced, scale, count, out)
 
+    def decode_segments(self, reduced, segments, chosen, count: int, out) -> None:
+        """Decode each segment ``(tensor index, lo, hi)`` of ``reduced`` into ``out`` at its tensor's chosen scale,
+        0 elsewhere (the padding): on a device in one launch (``arithmetic.device_decode_segments``)."""
+        xp = array_module(out)
+        if xp is np:
+            _decode_each(self, reduced, segments, chosen, count, out)
+            return
+        divisors = [(lo, hi, math.ldexp(float(count), chosen[index])) for index, lo, hi in segments]
+        arithmetic.device_decode_segments(xp, reduced, divisors, out)
+
 
 def _spans(total, contributions, layout, start: int, assign: bool, encode_one) -> list[tuple[list, list]]:
     """Run ``encode_one(view, pieces, tensor index, assign)`` on each tensor's pieces (one per contribution) of
@@ -200,6 +212,16 @@ class NativeReduction:
 
     def decode(self, reduced, scale: int, count: int, out) -> None:
         out[...] = reduced / np.float32(count)
+
+    def decode_segments(self, reduced, segments, chosen, count: int, out) -> None:
+        _decode_each(self, reduced, segments, chosen, count, out)
+
+
+def _decode_each(reduction, reduced, segments, chosen, count: int, out) -> None:
+    """``decode_segments`` one segment at a time, after zeroing ``out`` (the padding stays 0)."""
+    out[...] = 0
+    for index, lo, hi in segments:
+        reduction.decode(reduced[lo:hi], chosen[index], count, out[lo:hi])
 
 
 REDUCTIONS = {"exact": ExactReduction(), "native": NativeReduction()}

@@ -1,0 +1,108 @@
+"""A group's device kernels on the stand-in against the host's per-tensor kernels, byte for byte: the encode with
+its maxima, counts and spill (``group_encode``), and the decode of every segment in one launch (``arithmetic``)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from mpizero import standin
+from mpizero.arrays import to_host
+from mpizero.core.reduce import arithmetic, exact, group_encode, kernels
+from mpizero.standin import cuda
+
+SIZES = [5, 0, 4097, 33, 1]  # an empty tensor, one over a tile, odd sizes
+CAPS = [0x3F000000, 0x3F800000, 0x3E000000, 0x40000000, 0x7F800000]  # 0.5, 1, 0.125, 2, every finite value
+
+
+def contributions(seed: int) -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    made = []
+    for _ in range(2):
+        tensors = [(rng.standard_normal(n) * rng.choice([0.01, 1.0, 100.0])).astype(np.float32) for n in SIZES]
+        tensors[2][7] = np.float32(-0.0)
+        made.append(tensors)
+    return made
+
+
+def launches() -> int:
+    return sum(cuda.LAUNCHES.values())
+
+
+@pytest.mark.parametrize("pair", [False, True], ids=["one", "pair"])
+@pytest.mark.parametrize("assign", [False, True], ids=["add", "assign"])
+def test_the_group_encode_gives_each_tensors_kernel_bytes_maxima_counts_and_spill(pair, assign):
+    offsets = np.cumsum([0, *SIZES]).tolist()
+    numel, padded = offsets[-1], offsets[-1] + 7
+    made = contributions(1)[: 2 if pair else 1]
+    ks = [30, 20, 33, 0, 10]
+    rng = np.random.default_rng(2)
+    start = rng.integers(-(2**40), 2**40, padded).astype(np.int64)
+    host = start.copy()
+    expected_top, expected_out, left = [0] * len(SIZES), [0] * len(SIZES), []
+    for index, (offset, k, cap) in enumerate(zip(offsets, ks, CAPS)):
+        for number, tensors in enumerate(made):
+            x = tensors[index]
+            top, out = kernels.numpy_encode(host[offset : offset + x.size], x, k, 0, cap, assign and number == 0)
+            expected_top[index], expected_out[index] = max(expected_top[index], top), expected_out[index] + out
+            outside = np.flatnonzero((x.view(np.uint32) & 0x7FFFFFFF) >= cap)
+            left += [(offset + int(i), x[i].tobytes()) for i in outside]
+    if assign:
+        host[numel:] = 0
+    stats = group_encode.DeviceStats(standin, [len(SIZES)])
+    spill = group_encode.Spill(stats, 0, len(SIZES), 1 << 20)  # 16384 slots: room for every one
+    total = standin.asarray(start)
+    pieces = [[standin.asarray(t[i]) for t in made] for i in range(len(SIZES))]
+    tensors = [(o, p, k, cap, True) for o, p, k, cap in zip(offsets, pieces, ks, CAPS)]
+    before = launches()
+    group_encode.encode_group(standin, total, tensors, assign, numel, spill)
+    assert launches() - before == 1
+    assert to_host(total).tobytes() == host.tobytes()
+    row = stats.of_group(0)
+    n = len(SIZES)
+    assert row[:n].tolist() == expected_top and row[n : 2 * n].tolist() == expected_out
+    count = int(row[2 * n])
+    spilled = sorted(
+        zip(to_host(spill.positions)[:count].tolist(), [v.tobytes() for v in to_host(spill.values)[:count]])
+    )
+    assert count == len(left) > 0 and spilled == sorted(left)
+
+
+def test_a_spilled_element_is_encoded_at_its_tensors_chosen_scale_as_the_host_keeps_it():
+    offsets, chosen = [0, 10, 30], [12, 5, 40]
+    values = np.array([3.5, -1e4, 2.75, 7e-3], dtype=np.float32)
+    positions = np.array([2, 10, 29, 31], dtype=np.int64)
+    expected = np.zeros(40, dtype=np.int64)
+    for p, v in zip(positions, values):
+        tensor = np.searchsorted(offsets, p, side="right") - 1
+        exact_k = chosen[tensor]
+        expected[p] += np.int64(np.rint(np.float64(v) * 2.0**exact_k))
+    stats = group_encode.DeviceStats(standin, [3])
+    spill = group_encode.Spill(stats, 0, 3, 40)
+    spill.positions[:4] = standin.asarray(positions)
+    spill.values[:4] = standin.asarray(values)
+    stats.buffer[6:7] = standin.asarray(np.array([4], dtype=np.int64))
+    stats.written()
+    local = standin.zeros(40, dtype=np.int64)
+    spill.encode_into(local, offsets, chosen)
+    assert to_host(local).tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("segments", [0, 3, 40])  # 40: two launches of 32 and 8
+def test_the_decode_of_every_segment_in_one_launch_gives_each_tensors_bytes_and_zero_padding(segments):
+    rng = np.random.default_rng(segments)
+    bounds, position = [], 3  # a gap before the first, between some and after the last
+    for _ in range(segments):
+        size = int(rng.integers(1, 9))
+        bounds.append((position, position + size, math.ldexp(float(rng.integers(1, 9)), int(rng.integers(-5, 40)))))
+        position += size + int(rng.integers(0, 2))
+    total = rng.integers(-(2**50), 2**50, position + 4).astype(np.int64)
+    expected = np.zeros(total.size, dtype=np.float32)
+    for lo, hi, divisor in bounds:
+        exact.numpy_decode(total[lo:hi], divisor, expected[lo:hi])
+    out = standin.asarray(np.full(total.size, 9.0, dtype=np.float32))
+    on_device = standin.asarray(total)
+    before = launches()
+    arithmetic.device_decode_segments(standin, on_device, bounds, out)
+    assert launches() - before == max(1, -(-segments // arithmetic.MAX_SEGMENTS))
+    assert to_host(out).tobytes() == expected.tobytes()
