@@ -146,6 +146,26 @@ class SharedArena:
             windows.release(self)
 
 
+class OneRankBlocks:
+    """``NodeBlocks`` of a node of one rank: its block is its own buffer (host or device) and the whole; nothing is
+    mapped, and there is no other rank to wait for."""
+
+    others_bytes = 0
+
+    def __init__(self, own, what: str) -> None:
+        self.own = self.whole = own
+        self.what = what
+
+    def synchronize(self, what: str) -> None:
+        return None
+
+    def unmap_others(self) -> None:
+        return None
+
+    def free(self) -> None:
+        return None
+
+
 class NodeBlocks:
     """Every node rank's block of ``numel`` elements of ``dtype``, in one node-shared window every rank maps."""
 

@@ -14,6 +14,7 @@ from mpi4py import MPI
 
 from mpizero.arrays import device_module
 from mpizero.comm import agree
+from mpizero.comm.shared import OneRankBlocks
 from mpizero.core import digest, sharded_init
 from mpizero.core.group import FlatGroup
 from mpizero.core.layout import FlatLayout
@@ -70,11 +71,14 @@ def device_spills(groups: list[FlatGroup], reduction) -> DeviceStats | None:
 
 def share_params(groups: list[FlatGroup], collectives) -> None:
     """Where the stage gathers params and every rank shares this host (host arrays), hold each group's param shard
-    in node-shared full params, read in place by a gather (``Collectives.node_blocks``: collective, agreed);
-    elsewhere the groups gather by copying."""
-    if not groups or not groups[0].plan.gathers_params or groups[0].xp is not np:
+    in node-shared full params, read in place by a gather (``Collectives.node_blocks``: collective, agreed); on a
+    device at one rank the shard is the full params, read in place too; elsewhere the groups gather by copying."""
+    if not groups or not groups[0].plan.gathers_params:
         return
-    made = collectives.node_blocks([g.param_shard.size for g in groups], groups[0].param_dtype, "params")
+    if groups[0].xp is not np:
+        made = [OneRankBlocks(g.param_shard, "params") for g in groups] if collectives.alone else []
+    else:
+        made = collectives.node_blocks([g.param_shard.size for g in groups], groups[0].param_dtype, "params")
     for group, blocks in zip(groups, made or []):
         group.read_in_place(blocks)
 

@@ -123,7 +123,8 @@ class FlatGroup:
     def read_in_place(self, blocks) -> None:
         """Hold the param shard as this rank's block of ``blocks``, node-shared full params (stage 3 on one host:
         ``build.share_params``), so that a gather reads every rank's block in place instead of copying them."""
-        blocks.own[...] = self.param_shard
+        if blocks.own is not self.param_shard:
+            blocks.own[...] = self.param_shard
         self.param_shard, self.node_params = blocks.own, blocks
 
     def decode_in_place(self, blocks) -> None:

@@ -5,8 +5,9 @@ Each buffer's 8-byte words are summed three ways modulo 2**64: plainly, weighted
 rows permuted, two words swapped) changes the fingerprint as a write of other values does. Blind spot: the sums
 are linear modulo 2**64, so changes of 2**63 (the sign of the upper float32 of a word flipped) cancel in pairs
 whose weights have the same parity. On the host one compiled pass reads each buffer once (``SOURCE``); on a
-device one launch a buffer (``DEVICE_SOURCE``; on the stand-in, the formula evaluated by NumPy in that launch) into
-one small array read back once; where nothing compiles NumPy evaluates the same sums (``_by_formula``: two passes).
+device one launch for all (``device_source``; on the stand-in, the formula evaluated by NumPy in that launch)
+into one small array made once and read back once; where nothing compiles NumPy evaluates the same sums
+(``_by_formula``: two passes).
 """
 
 from __future__ import annotations
@@ -65,49 +66,90 @@ def fingerprints(buffers: list) -> list[tuple[int, int, int]]:
 
 
 def _on_device(xp, buffers: list) -> list[tuple[int, int, int]]:
-    """The sums of each device buffer in one launch, into one array (zeroed by one more), one transfer back."""
-    out = xp.zeros(3 * len(buffers), dtype=np.uint64)
+    """Every device buffer's sums in one launch per ``MAX_BUFFERS``, into one array made once per count (zeroed by
+    one more launch), and one transfer back."""
+    out = _sums_array(xp, len(buffers), getattr(buffers[0], "device", None))
+    out.fill(0)
     kernel = _device_kernel(xp)
-    for index, buffer in enumerate(buffers):
-        kernel(buffer.reshape(-1), out[3 * index : 3 * index + 3])
+    for first in range(0, len(buffers), MAX_BUFFERS):
+        kernel([b.reshape(-1) for b in buffers[first : first + MAX_BUFFERS]], out[3 * first :])
     flat = to_host(out).tolist()
     return list(zip(flat[::3], flat[1::3], flat[2::3]))
 
 
+MAX_BUFFERS = 32  # buffers one launch takes (a pointer and a count each)
+_SUMS: dict = {}  # (array module, device, buffers) -> the device array their sums go to, made once
+
+
+def _sums_array(xp, count: int, device):
+    """The device array of ``count`` buffers' sums on ``device``, made at first use: a step allocates nothing."""
+    key = (xp, getattr(device, "id", None), count)
+    if key not in _SUMS:
+        _SUMS[key] = xp.empty(3 * count, dtype=np.uint64)
+    return _SUMS[key]
+
+
 @functools.cache
 def _device_kernel(xp):
-    """``kernel(buffer, out)``: a buffer's three sums added into ``out`` (three uint64), one launch."""
+    """``kernel(buffers, out)``: each buffer's three sums added into ``out`` (three uint64 each), one launch."""
     if is_standin(xp):
 
-        def body(buffer, out):
-            out += np.array(_by_formula([buffer])[0], dtype=np.uint64)
+        def launch(buffers, out) -> None:
+            def body(*arrays):
+                *hosts, sums = arrays
+                for index, buffer in enumerate(hosts):
+                    sums[3 * index : 3 * index + 3] += np.array(_by_formula([buffer])[0], dtype=np.uint64)
 
-        body.__name__ = "mz_fingerprint"
-        return xp.kernel(body, "T buffer", "uint64 out")
-    compiled_kernel = xp.RawKernel(DEVICE_SOURCE, "mz_fingerprint")
+            body.__name__ = "mz_fingerprints"
+            params = ", ".join(f"T buffer{i}" for i in range(len(buffers)))
+            xp.kernel(body, params, "uint64 out")(*buffers, out)
 
-    def launch(buffer, out) -> None:
-        count = buffer.size * buffer.itemsize // 4
-        blocks = max(1, min(1024, -(-count // (2 * THREADS))))
-        compiled_kernel((blocks,), (THREADS,), (buffer, np.int64(count), out))
+        return launch
+
+    @functools.cache
+    def compiled(count: int):
+        return xp.RawKernel(device_source(count), "mz_fingerprints")
+
+    def launch(buffers, out) -> None:
+        words = [b.size * b.itemsize // 4 for b in buffers]
+        blocks = [max(1, -(-w // (2 * TILE))) for w in words]
+        args = [out]
+        for buffer, count, block in zip(buffers, words, blocks):
+            args += [buffer, np.int64(count), np.int64(block)]
+        compiled(len(buffers))((sum(blocks),), (THREADS,), tuple(args))
 
     return launch
 
 
 THREADS = 256
-DEVICE_SOURCE = f"""
-extern "C" __global__ void mz_fingerprint(const unsigned int* floats, long long count, unsigned long long* out) {{
+TILE = 16 * THREADS  # 8-byte words one block sums
+
+
+def device_source(count: int) -> str:
+    """The CUDA source summing ``count`` buffers: each buffer's words split in tiles, a block a tile, each block's
+    sums added into its buffer's three (modulo 2**64: any order gives the same)."""
+    params = ", ".join(f"const unsigned int* f{i}, long long count{i}, long long blocks{i}" for i in range(count))
+    pick = " else ".join(
+        f"if (b < (seen += blocks{i})) {{ t = {i}; floats = f{i}; count = count{i}; b -= seen - blocks{i}; }}"
+        for i in range(count)
+    )
+    return f"""
+extern "C" __global__ void mz_fingerprints(unsigned long long* out, {params}) {{
     __shared__ unsigned long long sums[3][{THREADS}];
+    long long b = blockIdx.x, seen = 0, count = 0;
+    int t = 0;
+    const unsigned int* floats = 0;
+    {pick}
     long long words = count / 2;
     unsigned long long total = 0, by_column = 0, by_row = 0;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long p = blockIdx.x * (long long)blockDim.x + threadIdx.x; p < words; p += stride) {{
+    long long end = (b + 1) * {TILE} < words ? (b + 1) * {TILE} : words;
+    for (long long p = b * {TILE} + threadIdx.x; p < end; p += blockDim.x) {{
         unsigned long long word = (unsigned long long)floats[2 * p] | ((unsigned long long)floats[2 * p + 1] << 32);
         total += word;
         by_column += word * (unsigned long long)(p % {COLUMNS} + 1);
         by_row += word * (unsigned long long)(p / {COLUMNS} + 1);
     }}
-    if (blockIdx.x == 0 && threadIdx.x == 0 && (count & 1)) {{  /* the last float32 of an odd count, alone */
+    if (b == 0 && threadIdx.x == 0 && (count & 1)) {{  /* the last float32 of an odd count, alone */
         unsigned long long odd = floats[count - 1];
         total += odd;
         by_row += odd * (unsigned long long)(words / {COLUMNS} + 1);
@@ -122,7 +164,7 @@ extern "C" __global__ void mz_fingerprint(const unsigned int* floats, long long 
         __syncthreads();
     }}
     if (threadIdx.x == 0)
-        for (int i = 0; i < 3; i++) atomicAdd(&out[i], sums[i][0]);  /* sums modulo 2**64: any order */
+        for (int i = 0; i < 3; i++) atomicAdd(&out[3 * t + i], sums[i][0]);
 }}
 """
 

@@ -255,14 +255,16 @@ def test_a_meta_device_model_on_the_standin_trains_to_the_hosts_bytes(monkeypatc
 def test_forward_and_backward_on_a_users_stream_then_step_on_another_give_the_hosts_bytes(monkeypatch):
     """``with torch.cuda.stream(s):`` around forward and backward, ``step()`` outside it, at stage 3: the engine's
     work on ``s`` (gathers, gradient reductions) and on the default stream (updates of the param shards) is ordered
-    by events (``TorchStream.follow``); without them the stand-in, running late, gives other bytes."""
+    by events (``TorchStream.follow``); without them the stand-in, running late, gives other bytes. In bfloat16, so
+    that a kernel on ``s`` reads the param shards (widening them for the forward): in float32 one rank's forward
+    reads them in place, through torch, whose reads of shared memory the stand-in runs at once."""
     from mpizero.torch import streams
 
     current = [streams.STANDIN_TORCH_STREAM]  # what stands for torch's current stream
     monkeypatch.setattr(streams, "torch_stream_pointer", lambda device: current[0])
 
     def trained(on_standin: bool) -> dict:
-        model, zero = standin_model(monkeypatch, 3, on_standin)
+        model, zero = standin_model(monkeypatch, 3, on_standin, param_dtype="bfloat16")
         for _ in range(2):
             current[0] = 0xB0B  # the user's stream
             backward_passes(model, 2)
