@@ -87,6 +87,7 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         self._reduced = False  # finish_reduction() left averaged grads for apply_update()
         self._hyper: tuple | None = None  # this step's optimizer hyper-parameters, read at its first reduction
         self._holding = self._hold_next_pass = False  # a pass run again because a rank held nothing (Keep.REDO)
+        self._checks: list = []  # callers' checks asked for at the next agreement (``note_problem_at_agreement``)
         agree.raise_if_any(self.collectives, problem, "bad parameters")
         signature = setup_signature(params, group_names, self.config, self.collectives, self.bound.describe())
         agree.raise_unless_equal(self.collectives, signature)
@@ -248,6 +249,9 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         )
         self.collectives.watchdog.context = f"step {self.step_number}, group {index}"
         settle_pending(self._tallies)  # every group's device maxima so far, in one copy
+        checks, self._checks = self._checks, []
+        for problem in filter(None, (check() for check in checks)):
+            self.note_problem(problem)
         agreed = self.collectives.agree(tally.agreement_row(self._read_hyper(tally)))
         count, problem, measured, digest, negated = agreed[:FIXED_FIELDS]
         kept, maxima = agreed[FIXED_FIELDS:].reshape(2, -1)  # per tensor: any rank kept elements (2: not held)
@@ -371,6 +375,7 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         if self.device_stats is not None:  # a pass run again to hold what a spill could not holds it on the host
             self.device_stats.clear()
             for group in self.groups:
+                group.gradients.decode_deferred()  # a step's sum no update decoded (it ended before it): decoded now
                 group.gradients.spilling = not self._holding
         self._tallies = [GroupTally(g.layout.specs, g.xp, g.gradients.active_spill) for g in self.groups]
         self._hyper = None
@@ -383,12 +388,23 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         for tally in self._tallies:
             tally.note(problem)
 
+    def begin_step(self) -> None:
+        """Begin the step now if no call has (its device stats zeroed: a caller's check may write into them)."""
+        self._begin_step()
+
+    def note_problem_at_agreement(self, check) -> None:
+        """As ``note_problem`` with ``check()``'s problem, if any, asked for at the step's next agreement, once the
+        device stats are read back (a check whose numbers come back with them: ``DeviceStats.attach``)."""
+        self._begin_step()
+        self._checks.append(check)
+
     def discard_step(self) -> None:
         """Forget every gradient handed in this step, on every rank that calls it (all must: sums are shared)."""
         self._end_step()
 
     def _end_step(self) -> None:
-        """Forget this step's gradients and collectives on every group; the next call starts a new step."""
+        """Forget this step's gradients, collectives and checks on every group; the next call starts a new step."""
+        self._checks = []
         for group in self.groups:
             group.gradients.end_step()
         self._note_held()

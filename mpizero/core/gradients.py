@@ -25,7 +25,8 @@ Glossary (with ``group``'s, these names and no others):
   that have a prediction, so that no backward waits to learn what to hold
   (``group_encode``); encoded with the kept elements once the scales are agreed.
 - grad shard: the averaged float32 gradient over the owned range, where the
-  group's place keeps it (``states``; offloaded: written to the group's file
+  group's place keeps it (on a device decoded by the update as it reads the
+  sum: ``defers_decode``) (``states``; offloaded: written to the group's file
   once decoded, and read in again for the update).
 - grad blocks: stage 0 on one host, the grad shard as node-shared blocks
   (``decode_block``): each rank reduces, rescales and decodes only its block,
@@ -40,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mpizero.arrays import read_back, to_host
-from mpizero.core.reduce import exact
+from mpizero.core.reduce import arithmetic, exact
 from mpizero.core.stages import GradientCollective
 
 
@@ -79,6 +80,7 @@ class GroupGradients:
         self.spill = None  # on a device with the exact reduction: the group's spill (``group_encode.Spill``)
         self.spilling = True  # False in a pass run again to hold what an overflowed spill could not
         self.sum_buffer = None  # on a device at one rank: the streamed sum's buffer, kept between steps
+        self.deferred = None  # the step's sum and divisors, where the update decodes (``defers_decode``)
         self.rounds_waiting = False  # the one waiting is a round's: it is summed over ranks, not into local grads
         self.accumulated, self.rounds_reduced, self.decoded = False, 0, False  # this step's progress
 
@@ -361,6 +363,11 @@ class GroupGradients:
             kept_sum = self.xp.empty(self._averaged_numel, dtype=wire)
             self._collective(collectives, buffer, kept_sum, True)
             total += kept_sum
+        if self.defers_decode:  # the update decodes as it reads (``take_deferred``), or whoever reads the grads first
+            self.deferred = arithmetic.Decoding(total, tuple(reduction.divisors(self.decoded_segments, chosen, count)))
+            self._free_step_buffers()
+            self.decoded = True
+            return
         shard = self.place.decode_target()
         decoded = shard if self.grad_blocks is None else self.grad_blocks.own
         reduction.decode_segments(total, self.decoded_segments, chosen, count, decoded)
@@ -369,6 +376,24 @@ class GroupGradients:
         self.place.decoded(shard)
         self._free_step_buffers()
         self.decoded = True
+
+    @property
+    def defers_decode(self) -> bool:
+        """Whether the step's decode waits for the update, which then decodes as it reads (a device's exact sum,
+        held in memory, not node-shared): one launch a group for both."""
+        return self.spill is not None and self.grad_blocks is None
+
+    def take_deferred(self) -> arithmetic.Decoding | None:
+        """The step's sum still to decode (``arithmetic.Decoding``), handed to the update (None when decoded
+        already)."""
+        deferred, self.deferred = self.deferred, None
+        return deferred
+
+    def decode_deferred(self) -> None:
+        """Decode the step's sum into the grad shard now, if the update has not (a read of the grads before it)."""
+        deferred = self.take_deferred()
+        if deferred is not None:
+            arithmetic.device_decode_segments(self.xp, deferred.total, deferred.segments, self.place.grad_shard)
 
     def _add_reduced(self, shard) -> None:
         if self.reduced is None:

@@ -175,7 +175,8 @@ class FlatGroup:
 
     @property
     def grad_shard(self):
-        """The averaged float32 gradient over the owned range, wherever it lives (``place``)."""
+        """The averaged float32 gradient over the owned range, wherever it lives (``place``), decoded."""
+        self.gradients.decode_deferred()
         return self.place.grad_shard
 
     def owned_segments(self) -> list[tuple[int, int, int]]:
@@ -303,9 +304,12 @@ class FlatGroup:
             whole_matrices.update(self, rule, hyper, step, collectives)
             return
         master, optimizer_state = self.master_shard, self.optimizer_state
+        deferred = self.gradients.take_deferred()  # on a device: decoded by the update as it reads (one launch)
+        grad = self.place.grad_shard
         for group, lo, hi in self.optimizer_runs:
             state = {name: a[lo:hi] for name, a in optimizer_state.items()}
-            apply_step(rule, hyper[group], step, master[lo:hi], self.grad_shard[lo:hi], state)
+            decoding = None if deferred is None else deferred.within(lo, hi)
+            apply_step(rule, hyper[group], step, master[lo:hi], grad[lo:hi], state, decoding=decoding)
 
     def publish(self, collectives) -> None:
         """Copy the master shard into the parameters every rank will use next."""

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from mpizero.torch.fingerprint import fingerprints
+from mpizero.torch.fingerprint import StepFingerprints, fingerprints
 
 SHOWN = 5  # parameters named in a message, at most
 
@@ -51,9 +51,12 @@ class EditWatch:
     keeps a copy of the shown buffers as last recorded (``open_block``), which a dropped edit shows again.
     """
 
-    def __init__(self, model: torch.nn.Module, binder) -> None:
-        """``binder`` shows the trainable parameters the engine owns (``params.Binder``; its ``params``)."""
+    def __init__(self, model: torch.nn.Module, binder, device_stats=None) -> None:
+        """``binder`` shows the trainable parameters the engine owns (``params.Binder``; its ``params``);
+        ``device_stats``: the engine's on a device, which the fingerprints come back with (``StepFingerprints``)."""
         self.model, self.params, self.binder = model, binder.params, binder
+        pieces = len(binder.shown_pieces())
+        self.on_device = None if device_stats is None or not pieces else StepFingerprints(device_stats, pieces)
         self.trainable = {name for name, p in model.named_parameters() if p.requires_grad}
         self.seen: dict[str, tuple] = {}
         self.fingerprints: list[tuple[int, int, int]] = []  # one for each of ``Binder.shown_pieces``
@@ -72,7 +75,12 @@ class EditWatch:
             return
         self.refusal = None
         self.seen = {name: _looks(p) for name, p in self.params.items()}
-        self.fingerprints = fingerprints([piece for _, _, piece in self.binder.shown_pieces()])
+        pieces = [piece for _, _, piece in self.binder.shown_pieces()]
+        if self.on_device is not None:  # read back with the next step's stats, or when first needed
+            self.on_device.record(pieces)
+            self.fingerprints = None
+        else:
+            self.fingerprints = fingerprints(pieces)
         for copy in self.blocks:  # a step or a load inside the block: what it drops an edit back to
             copy[:] = self.binder.kept_copy()
 
@@ -123,6 +131,21 @@ class EditWatch:
     def refuse(self, why: str) -> None:
         """Refuse the next steps for ``why`` until the masters are shown again."""
         self.refusal = self.refusal or why
+
+    def check_with_step(self, begin_step) -> bool:
+        """On a device, begin the step (``begin_step``: its device stats zeroed) and launch its check of the
+        fingerprints, which comes back with the step's device stats; return whether it did (else ``problem``
+        reads them at once)."""
+        if self.on_device is None or self.refusal is not None:
+            return False
+        begin_step()
+        self.on_device.check([piece for _, _, piece in self.binder.shown_pieces()])
+        return True
+
+    def end_check(self) -> None:
+        """The step's check is over (used, or the step raised): later checks read the fingerprints anew."""
+        if self.on_device is not None:
+            self.on_device.checking = False
 
     def problem(self) -> str | None:
         """What the next step must refuse, in words (None if nothing): what changed since ``record``, and this
@@ -191,10 +214,12 @@ class EditWatch:
         """The parameters in shown pieces (``Binder.shown_pieces``) whose fingerprint changed since ``record``: in
         those holding this rank's masters, and elsewhere (each buffer read once)."""
         pieces = self.binder.shown_pieces()
-        now = fingerprints([piece for _, _, piece in pieces])
+        checked = self.on_device is not None and self.on_device.checking
+        now = self.on_device.checked_sums() if checked else fingerprints([piece for _, _, piece in pieces])
+        recorded = self.fingerprints if self.fingerprints is not None else self.on_device.recorded_sums()
         in_masters: list[str] = []
         elsewhere: list[str] = []
-        for (masters, names, _), before, after in zip(pieces, self.fingerprints, now):
+        for (masters, names, _), before, after in zip(pieces, recorded, now):
             if before != after:
                 changed = in_masters if masters else elsewhere
                 changed.extend(name for name in names if name not in changed)

@@ -65,6 +65,49 @@ def fingerprints(buffers: list) -> list[tuple[int, int, int]]:
     return [_one_pass(kernel, buffer) for buffer in buffers]
 
 
+class StepFingerprints:
+    """The edit watch's fingerprints on a device, read back with the engine's device stats (``DeviceStats.attach``):
+    those recorded after an update, and those of the step's check (zeroed as each step begins), both in the step's
+    one copy back instead of a copy each."""
+
+    def __init__(self, stats, pieces: int) -> None:
+        self.stats, self.pieces = stats, pieces
+        self.now = stats.attach(3 * pieces, cleared=True)
+        self.recorded = stats.attach(3 * pieces, cleared=False)
+        self.checking = False  # the step's check was launched: its sums come back with the step's stats
+
+    def record(self, buffers: list) -> None:
+        """Launch the sums of ``buffers`` (the shown pieces after an update) into the recorded words."""
+        view = self.stats.attached(self.recorded)
+        view.fill(0)
+        self._launch(buffers, view)
+        self.checking = False
+
+    def check(self, buffers: list) -> None:
+        """Launch the sums of ``buffers`` now into the check's words (the step began: they are zero)."""
+        self._launch(buffers, self.stats.attached(self.now))
+        self.checking = True
+
+    def _launch(self, buffers: list, view) -> None:
+        if len(buffers) != self.pieces:
+            raise AssertionError(f"{len(buffers)} shown pieces, {self.pieces} attached")
+        kernel, out = _device_kernel(self.stats.xp), view.view(np.uint64)
+        for first in range(0, len(buffers), MAX_BUFFERS):
+            kernel([b.reshape(-1) for b in buffers[first : first + MAX_BUFFERS]], out[3 * first :])
+        self.stats.written()
+
+    def recorded_sums(self) -> list[tuple[int, int, int]]:
+        return _triples(self.stats.attached_host(self.recorded))
+
+    def checked_sums(self) -> list[tuple[int, int, int]]:
+        return _triples(self.stats.attached_host(self.now))
+
+
+def _triples(words: np.ndarray) -> list[tuple[int, int, int]]:
+    flat = words.view(np.uint64).tolist()
+    return list(zip(flat[::3], flat[1::3], flat[2::3]))
+
+
 def _on_device(xp, buffers: list) -> list[tuple[int, int, int]]:
     """Every device buffer's sums in one launch per ``MAX_BUFFERS``, into one array made once per count (zeroed by
     one more launch), and one transfer back."""

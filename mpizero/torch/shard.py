@@ -164,7 +164,7 @@ class ShardedModel:
                 attach(self.optimizer, self)
                 if held_state is not None:  # built from a plain torch checkpoint: it stays this run's state
                     self.load_optimizer_state_dict(held_state)
-            self.edits = EditWatch(model, self.binder)
+            self.edits = EditWatch(model, self.binder, self.engine.device_stats)
             self.edits.record()
 
     # Backward -------------------------------------------------------------
@@ -327,10 +327,11 @@ class ShardedModel:
 
     def _finish_step(self) -> StepResult:
         self._drop_kept_gathered()  # before the update changes the params; what changed in them is the check's
-        edited = self.edits.problem()
-        if edited is not None and not self._reduced and self._ended is None:
-            self.engine.note_problem(edited)  # refused at the reduction's agreement, still to come
-        ended = self._reduce_early()
+        try:
+            ended = self._checked_reduction()
+            edited = self.edits.problem()
+        finally:
+            self.edits.end_check()
         if ended is not None:
             agree.raise_if_any(self.engine.collectives, edited, "step")  # a skipped step is no announced one
             return ended
@@ -344,6 +345,18 @@ class ShardedModel:
         if not self.announcer.announce(Operation.STEP, fingerprint=fingerprint) or problem is not None:
             self.engine.raise_hyper_disagreement(hyper, problem)
         return self.engine.apply_update(grad_norm, hyper)
+
+    def _checked_reduction(self) -> StepResult | None:
+        """Check for edits, then reduce: an edit found before the reduction's agreement is refused there, on every
+        rank (on a device the check's fingerprints come back with the agreement's device stats, in one copy)."""
+        if not self._reduced and self._ended is None:
+            if self.edits.check_with_step(self.engine.begin_step):
+                self.engine.note_problem_at_agreement(self.edits.problem)
+            else:
+                edited = self.edits.problem()
+                if edited is not None:
+                    self.engine.note_problem(edited)  # refused at the reduction's agreement, still to come
+        return self._reduce_early()
 
     def _reduce_early(self) -> StepResult | None:
         """Reduce this step's gradients unless they were already; the step's result if it ended there (skipped)."""

@@ -16,8 +16,8 @@ mutant = sys.argv[1]
 update, decode = device_update._numpy_body, arithmetic.device_decode_segments
 
 
-def flipped_update(ops, rule, hyper, constants, states, grad, *rest):
-    update(ops, rule, hyper, constants, states, grad, *rest)
+def flipped_update(ops, rule, hyper, constants, states, decoding, first, *rest):
+    update(ops, rule, hyper, constants, states, decoding, first, *rest)
     rest[-1 - len(states)].view(np.uint32)[...] ^= np.uint32(1)  # the param, as the kernel wrote it
 
 

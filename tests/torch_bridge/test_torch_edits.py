@@ -28,6 +28,17 @@ REFUSED = {  # case: what the refusal says, at every stage
 }
 
 
+def test_on_a_device_every_edit_is_refused_or_dropped_as_on_the_host():
+    """The edit watch on a device (the stand-in at one rank: the step's check comes back with the step's device
+    stats, in the one copy a step) says what the host's says, case by case, at every stage."""
+    on_host = run_mpi_ok(1, ["-m", "mpi4py", "tests/torch_bridge/torch_edits.py"], timeout=300)
+    on_device = run_mpi_ok(
+        1, ["-m", "mpi4py", "tests/torch_bridge/torch_edits.py"], timeout=300, env={"MPIZERO_STANDIN": "1"}
+    )
+    lines = [re.findall(r"^stage \d [^:]+: .*$", out, re.M) for out in (on_host, on_device)]
+    assert len(lines[0]) > 60 and lines[0] == lines[1]
+
+
 @pytest.mark.parametrize("n", [1, 3])  # 2 ranks: the exception-inside-gathered test below
 def test_edits_are_refused_or_dropped_alike_at_every_stage_and_rank(n):
     out = run_mpi_ok(n, ["-m", "mpi4py", "tests/torch_bridge/torch_edits.py"], timeout=300)

@@ -45,13 +45,17 @@ def c_statements(rule, hyper, constants: dict, states: list[str]) -> tuple[list[
     return numbers, body + " " + " ".join(f"{name} = new_{name};" for name in results), list(results)
 
 
-def kernel_source(rule, hyper, constants: dict, states: list[str]) -> tuple[str, str, str]:
+def kernel_source(rule, hyper, constants: dict, states: list[str], decoding=None) -> tuple[str, str, str]:
     """The CUDA kernel's ``(inputs, outputs, body)``: ``grad`` and the float constants in, ``param`` and the
-    states read and written."""
+    states read and written. With ``decoding`` (``reduce.arithmetic.Decoding``): the int64 sum and its segments'
+    scalars in instead, and ``grad`` written first, each element decoded, then updated from it."""
     numbers, body, _ = c_statements(rule, hyper, constants, states)
-    inputs = ", ".join(["float32 grad", *(f"float32 c_{name}" for name in numbers)])
+    constants_in = [f"float32 c_{name}" for name in numbers]
     outputs = ", ".join(f"float32 {name}" for name in ["param", *states])
-    return inputs, outputs, body
+    if decoding is None:
+        return ", ".join(["float32 grad", *constants_in]), outputs, body
+    inputs = ", ".join(["int64 total", *([decoding.params] if decoding.params else []), *constants_in])
+    return inputs, f"float32 grad, {outputs}", f"{decoding.statement('grad')} {body}"
 
 
 @functools.cache
@@ -59,21 +63,45 @@ def _compiled(cupy, inputs: str, outputs: str, body: str):
     return cupy.ElementwiseKernel(inputs, outputs, body, "mz_update", options=OPTIONS)
 
 
-def device_update(xp, rule, hyper, arrays: dict, constants: dict, numpy_ops) -> None:
+def device_update(xp, rule, hyper, arrays: dict, constants: dict, numpy_ops, decoding=None) -> None:
     """Apply ``rule`` to device ``arrays`` (``param``, ``grad`` and the states) in place, in one launch
-    (``numpy_ops``: how NumPy spells the operations, for the stand-in)."""
+    (``numpy_ops``: how NumPy spells the operations, for the stand-in); with ``decoding`` (the int64 sum still to
+    decode, ``reduce.arithmetic.Decoding``) the same launch first decodes it into ``grad`` (a launch per chunk of
+    its segments)."""
+    if decoding is None:
+        _launch(xp, rule, hyper, arrays, constants, numpy_ops, None)
+        return
+    for start, stop, part in decoding.chunks():
+        _launch(xp, rule, hyper, {name: a[start:stop] for name, a in arrays.items()}, constants, numpy_ops, part)
+
+
+def _launch(xp, rule, hyper, arrays: dict, constants: dict, numpy_ops, decoding) -> None:
     states = [name for name in arrays if name not in ("param", "grad")]
     numbers = [np.float32(value) for value in constants.values() if not isinstance(value, bool)]
-    args = [arrays["grad"], *numbers, arrays["param"], *(arrays[name] for name in states)]
-    inputs, outputs, body = kernel_source(rule, hyper, constants, states)
-    if is_standin(xp):  # the formula as NumPy evaluates it, on the memory underneath
-        xp.kernel(functools.partial(_numpy_body, numpy_ops, rule, hyper, constants, states), inputs, outputs)(*args)
+    outputs = [arrays["param"], *(arrays[name] for name in states)]
+    inputs, outs, body = kernel_source(rule, hyper, constants, states, decoding)
+    if is_standin(xp):  # the formula as NumPy evaluates it, on the memory underneath; the segments bound to it
+        run = functools.partial(_numpy_body, numpy_ops, rule, hyper, constants, states, decoding)
+        first = arrays["grad"] if decoding is None else decoding.total
+        extra = [] if decoding is None else [arrays["grad"]]
+        first_param = "float32 grad" if decoding is None else "int64 total"
+        params = ", ".join([first_param, *(f"float32 c_{i}" for i in range(len(numbers)))])
+        xp.kernel(run, params, outs)(first, *numbers, *extra, *outputs)
         return
-    _compiled(xp, inputs, outputs, body)(*args)
+    if decoding is None:
+        _compiled(xp, inputs, outs, body)(arrays["grad"], *numbers, *outputs)
+    else:
+        _compiled(xp, inputs, outs, body)(decoding.total, *decoding.scalars, *numbers, arrays["grad"], *outputs)
 
 
-def _numpy_body(ops, rule, hyper, constants: dict, states: list[str], grad, *rest) -> None:
+def _numpy_body(ops, rule, hyper, constants: dict, states: list[str], decoding, first, *rest) -> None:
+    """The stand-in's update kernel: with ``decoding``, ``first`` is the int64 sum, decoded into ``grad`` (the
+    first output) before the formula; else ``first`` is ``grad``."""
     param, state = rest[-1 - len(states)], rest[len(rest) - len(states) :]
+    grad = first
+    if decoding is not None:
+        grad = rest[-2 - len(states)]
+        decoding.numpy(first, grad)
     arrays = {"param": param, "grad": grad, **dict(zip(states, state))}
     for name, value in rule.formula(ops, arrays, constants, hyper).items():
         arrays[name][...] = value

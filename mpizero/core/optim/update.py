@@ -46,16 +46,17 @@ NUMPY_OPS = SimpleNamespace(
 )
 
 
-def apply_step(rule, hyper, step: int, param, grad, state: dict, compiled: bool = True) -> None:
+def apply_step(rule, hyper, step: int, param, grad, state: dict, compiled: bool = True, decoding=None) -> None:
     """Apply one step of ``rule`` in place: ``param`` and ``state`` from ``grad`` (flat float32 arrays, equal
     length); ``step`` counts the optimizer steps taken, from 1. Host arrays go through the compiled pass
     (``host_update``; not where ``compiled`` is False: the reference's NumPy), else NumPy in cache-sized chunks;
-    device arrays through one fused kernel."""
+    device arrays through one fused kernel, which with ``decoding`` (the int64 sum and its segments'
+    ``(lo, hi, divisor)``) first decodes the sum into ``grad``, in the same launch."""
     arrays = {"param": flat(param), "grad": flat(grad), **{k: flat(v) for k, v in state.items()}}
     constants = {k: v if isinstance(v, bool) else np.float32(v) for k, v in rule.constants(hyper, step).items()}
     xp = array_module(arrays["param"])
     if xp is not np:
-        device_update.device_update(xp, rule, hyper, arrays, constants, NUMPY_OPS)
+        device_update.device_update(xp, rule, hyper, arrays, constants, NUMPY_OPS, decoding)
         return
     kernel = host_update.kernel(rule, hyper, constants, list(state)) if compiled else None
     if kernel is not None:

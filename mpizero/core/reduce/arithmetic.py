@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -224,42 +225,93 @@ def device_decode(cupy, total, divisor: float, out) -> None:
 MAX_SEGMENTS = 32  # segments one decode launch takes (three scalars each)
 
 
-def device_decode_segments(cupy, total, segments: list, out) -> None:
+def device_decode_segments(cupy, total, segments, out) -> None:
     """Decode each segment ``(lo, hi, divisor)`` of ``total`` into ``out`` (same length) and write 0 elsewhere, in one
     launch per ``MAX_SEGMENTS`` segments (sorted by ``lo``), each over its own part of ``out``."""
-    chunks = [segments[i : i + MAX_SEGMENTS] for i in range(0, len(segments), MAX_SEGMENTS)] or [[]]
-    for number, chunk in enumerate(chunks):
-        start = 0 if number == 0 else chunk[0][0]
-        stop = out.size if number == len(chunks) - 1 else chunks[number + 1][0][0]
-        relative = [(lo - start, hi - start, divisor) for lo, hi, divisor in chunk]
-        if stop > start:
-            _segments_kernel(cupy, len(chunk))(total[start:stop], relative, out[start:stop])
+    for start, stop, part in Decoding(total, tuple(segments)).chunks():
+        _segments_kernel(cupy, len(part.segments))(part.total, part.segments, out[start:stop])
+
+
+def segment_pick(count: int) -> str:
+    """C statements setting ``divisor`` and ``inside`` for element ``i`` from ``count`` segments' scalars."""
+    pick = " else ".join(f"if (i >= lo{s} && i < hi{s}) {{ divisor = d{s}; inside = true; }}" for s in range(count))
+    return f"double divisor = 1.0; bool inside = false; {pick}"
+
+
+def segment_params(count: int) -> str:
+    """The kernel parameters of ``count`` segments (``lo``, ``hi``, ``d``: a decode's divisor)."""
+    return ", ".join(f"int64 lo{s}, int64 hi{s}, float64 d{s}" for s in range(count))
+
+
+def segment_scalars(segments) -> list:
+    """The kernel arguments of ``segments``, typed as ``segment_params`` declares them."""
+    return [v for lo, hi, d in segments for v in (np.int64(lo), np.int64(hi), np.float64(d))]
+
+
+def decode_segments_numpy(total, segments, out) -> None:
+    """``out`` = each segment's decode of ``total`` (host arrays), 0 elsewhere: the stand-in's kernel bodies."""
+    out[...] = 0
+    for lo, hi, divisor in segments:
+        out[lo:hi] = decode(NUMPY_OPS, total[lo:hi], divisor)
+
+
+def decoded_statement(target: str) -> str:
+    """The C statement writing element ``i``'s decode into ``target`` (0 outside every segment)."""
+    return f"{target} = inside ? {decode(C_OPS, 'total', 'divisor')} : 0.0f;"
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """An int64 sum still to decode and its segments' ``(lo, hi, divisor)``: what a device's update decodes as it
+    reads it (``optim.device_update``), in the same launch; ``NUMPY_OPS`` and ``C_OPS`` spell it alike."""
+
+    total: object
+    segments: tuple
+
+    def within(self, lo: int, hi: int) -> Decoding:
+        """Its part over ``[lo, hi)``, relative to ``lo``."""
+        parts = tuple((max(a, lo) - lo, min(b, hi) - lo, d) for a, b, d in self.segments if a < hi and b > lo)
+        return Decoding(self.total[lo:hi], parts)
+
+    def chunks(self):
+        """``(start, stop, part)`` covering the sum, each part of at most ``MAX_SEGMENTS`` segments."""
+        size = self.total.size
+        bounds = [0, *(self.segments[i][0] for i in range(MAX_SEGMENTS, len(self.segments), MAX_SEGMENTS)), size]
+        for start, stop in zip(bounds[:-1], bounds[1:]):
+            if stop > start:
+                yield start, stop, self.within(start, stop)
+
+    @property
+    def params(self) -> str:
+        return segment_params(len(self.segments))
+
+    @property
+    def scalars(self) -> list:
+        return segment_scalars(self.segments)
+
+    def statement(self, target: str) -> str:
+        """C statements decoding element ``i`` of ``total`` into ``target``."""
+        return f"{segment_pick(len(self.segments))} {decoded_statement(target)}"
+
+    def numpy(self, total, out) -> None:
+        """The decode evaluated by NumPy on host arrays (the stand-in's body)."""
+        decode_segments_numpy(total, self.segments, out)
 
 
 @functools.cache
 def _segments_kernel(cupy, count: int):
     """``launch(total, segments, out)`` for ``count`` segments: CuPy's kernel, or NumPy's body on the stand-in."""
-    params = ", ".join(f"int64 lo{s}, int64 hi{s}, float64 d{s}" for s in range(count))
+    params = segment_params(count)
     inputs = f"int64 total{', ' if params else ''}{params}"
-    if is_standin(cupy):
+    if is_standin(cupy):  # the segments bound to each launch, as CuPy passes scalars by value
+        return lambda total, segments, out: cupy.kernel(
+            functools.partial(mz_decode_segments, segments), "int64 total", WIRE_OUT
+        )(total, out)
+    body = f"{segment_pick(count)} {decoded_statement('out')}"
+    kernel = cupy.ElementwiseKernel(inputs, WIRE_OUT, body, "mz_decode_segments")
+    return lambda total, segments, out: kernel(total, *segment_scalars(segments), out)
 
-        def body(total, *rest):
-            *scalars, out = rest
-            out[...] = 0
-            for s in range(count):
-                lo, hi, divisor = int(scalars[3 * s]), int(scalars[3 * s + 1]), float(scalars[3 * s + 2])
-                out[lo:hi] = decode(NUMPY_OPS, total[lo:hi], divisor)
 
-        body.__name__ = "mz_decode_segments"
-        kernel = cupy.kernel(body, inputs, WIRE_OUT)
-    else:
-        pick = " else ".join(f"if (i >= lo{s} && i < hi{s}) {{ divisor = d{s}; inside = true; }}" for s in range(count))
-        statement = f"out = inside ? {decode(C_OPS, 'total', 'divisor')} : 0.0f;"
-        body = f"double divisor = 1.0; bool inside = false; {pick} {statement}"
-        kernel = cupy.ElementwiseKernel(inputs, WIRE_OUT, body, "mz_decode_segments")
-
-    def launch(total, segments: list, out) -> None:
-        scalars = [v for lo, hi, d in segments for v in (np.int64(lo), np.int64(hi), np.float64(d))]
-        kernel(total, *scalars, out)
-
-    return launch
+def mz_decode_segments(segments: list, total, out) -> None:
+    """The stand-in's decode kernel: ``decode_segments_numpy`` on the memory underneath."""
+    decode_segments_numpy(total, segments, out)

@@ -39,24 +39,59 @@ def spill_slots(padded_numel: int) -> int:
 
 
 class DeviceStats:
-    """The engine's device stats (see the glossary): one buffer, a view a group."""
+    """The engine's device stats (see the glossary): one buffer, a view a group, and the words callers attach
+    (``attach``), all read back in one copy."""
 
     def __init__(self, xp, tensor_counts: list[int]) -> None:
         self.xp = xp
         sizes = [2 * n + 1 for n in tensor_counts]
-        self.buffer = xp.zeros(sum(sizes), dtype=np.int64)
-        starts = np.cumsum([0, *sizes])
-        self.views = [self.buffer[a:b] for a, b in zip(starts[:-1], starts[1:])]
-        self.spans = list(zip(starts[:-1].tolist(), starts[1:].tolist()))
-        self.read: np.ndarray | None = None  # the last read-back, while no pass has written since
+        starts = np.cumsum([0, *sizes]).tolist()
+        self.spans = list(zip(starts[:-1], starts[1:]))
+        self.attached_spans: list[tuple[int, int]] = []
+        self.cleared_words = starts[-1]  # what ``clear`` zeroes: the groups' stats and the cleared attachments
+        self.kept_words = 0
+        self._make()
+
+    def _make(self) -> None:
+        self.buffer = self.xp.zeros(self.cleared_words + self.kept_words, dtype=np.int64)
+        self.views = [self.buffer[a:b] for a, b in self.spans]
+        self.read: np.ndarray | None = None  # the last read-back, while nothing was written since
+
+    def attach(self, words: int, cleared: bool) -> int:
+        """Room for ``words`` int64 of a caller's (the torch bridge's edit watch), read back in the same copy as the
+        groups' stats; zeroed with them as each step begins (``cleared``), or left as written. At set-up only (the
+        buffer is made anew); return its handle for ``attached`` and ``attached_host``."""
+        if cleared:  # cleared words come before the kept ones: every kept attachment moves up
+            self.attached_spans = [
+                (a + words, b + words) if a >= self.cleared_words else (a, b) for a, b in self.attached_spans
+            ]
+            start = self.cleared_words
+            self.cleared_words += words
+        else:
+            start = self.cleared_words + self.kept_words
+            self.kept_words += words
+        self.attached_spans.append((start, start + words))
+        self._make()
+        return len(self.attached_spans) - 1
+
+    def attached(self, handle: int):
+        """An attachment's device view (written by the caller's kernels: call ``written`` after)."""
+        start, stop = self.attached_spans[handle]
+        return self.buffer[start:stop]
+
+    def attached_host(self, handle: int) -> np.ndarray:
+        """An attachment's words as last read back (read back now if written since)."""
+        start, stop = self.attached_spans[handle]
+        return self.host()[start:stop]
 
     def clear(self) -> None:
-        """A step (or a pass run again) begins: every maximum, count and spill count back to 0 (one launch)."""
-        self.buffer.fill(0)
+        """A step (or a pass run again) begins: every maximum, count and spill count back to 0 (one launch), and
+        the cleared attachments."""
+        self.buffer[: self.cleared_words].fill(0)
         self.read = None
 
     def written(self) -> None:
-        """A pass wrote into the stats: the next ``host`` reads them again."""
+        """A kernel wrote into the buffer: the next ``host`` reads it again."""
         self.read = None
 
     def host(self) -> np.ndarray:
@@ -76,10 +111,14 @@ class Spill:
 
     def __init__(self, device: DeviceStats, index: int, tensors: int, padded_numel: int) -> None:
         self.device, self.index, self.tensors = device, index, tensors
-        self.stats = device.views[index]
         self.slots = spill_slots(padded_numel)
         self.positions = device.xp.empty(self.slots, dtype=np.int64)
         self.values = device.xp.empty(self.slots, dtype=np.float32)
+
+    @property
+    def stats(self):
+        """This group's view of the device stats."""
+        return self.device.views[self.index]
 
     @property
     def nbytes(self) -> int:

@@ -126,8 +126,12 @@ class ExactReduction:
         if xp is np:
             _decode_each(self, reduced, segments, chosen, count, out)
             return
-        divisors = [(lo, hi, math.ldexp(float(count), chosen[index])) for index, lo, hi in segments]
-        arithmetic.device_decode_segments(xp, reduced, divisors, out)
+        arithmetic.device_decode_segments(xp, reduced, self.divisors(segments, chosen, count), out)
+
+    def divisors(self, segments, chosen, count: int) -> list[tuple[int, int, float]]:
+        """Each segment ``(tensor index, lo, hi)`` as ``(lo, hi, divisor)``: its mean is its sum over the divisor
+        (exact: ``(S * 2**-k) / count == S / (count * 2**k)``)."""
+        return [(lo, hi, math.ldexp(float(count), chosen[index])) for index, lo, hi in segments]
 
 
 def _spans(total, contributions, layout, start: int, assign: bool, encode_one) -> list[tuple[list, list]]:
