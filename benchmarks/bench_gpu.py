@@ -6,7 +6,10 @@ Without a CUDA device it says so and exits with status 0, measuring nothing.
 
 Models: ``mlp``, ``--layers`` x Linear(width, width) + GELU (6 x 4096: 101M parameters), and
 ``transformer``, a torch.nn.TransformerEncoder; AdamW, ``--micro-batches`` backward passes of
-``--rows`` rows per step, fp32, TF32 off. Runs, each in its own process (or ``mpiexec -n R`` job):
+``--rows`` rows per step, fp32, TF32 off; ``gpt2``, transformers' GPT-2 124M built from its config (no download),
+under bf16 autocast, ``--micro-batches`` of 2 x 1024 tokens (default 4). ``--profile``: each mpizero.torch and
+torch run takes one more step under torch.profiler and prints its top device and host operations and its counts
+of kernels, copies, waits and allocations (``gpu_profile``). Runs, each in its own process (or ``mpiexec -n R`` job):
 ``torch`` (one process), ``ddp`` and ``fsdp2`` (NCCL, world size 1), ``mpizero.torch-S`` (stage S,
 at each of ``--ranks`` on the one GPU: a plain loop, ``backward()`` per micro-batch then ``step()``),
 ``mpizero.closure-S`` (the same passes through ``step(closure)``, which copies no counts back per pass),
@@ -41,18 +44,19 @@ SHORTEST_RUN = 10.0  # seconds: no run of a fresh process that builds a model on
 
 def parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["mlp", "transformer"], choices=["mlp", "transformer"])
+    parser.add_argument("--models", nargs="+", default=["mlp", "transformer"], choices=["mlp", "transformer", "gpt2"])
     parser.add_argument("--runs", nargs="+", default=RUNS, choices=RUNS)
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2], help="world sizes for mpizero runs")
     parser.add_argument("--width", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--micro-batches", type=int, default=8)
+    parser.add_argument("--micro-batches", type=int, default=None, help="per step (default 8; GPT-2's 4)")
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--steps", type=int, default=8, help="timed steps, after the warm-up")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=240, help="seconds per run")
     parser.add_argument("--budget", type=float, default=None, help="seconds for all runs (default: no limit)")
     parser.add_argument("--json", default=None, help="also write the rows here, after each run")
+    parser.add_argument("--profile", action="store_true", help="profile one more step of each run (gpu_profile)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model", default="mlp", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -78,6 +82,10 @@ def build(args, model_name: str):
     import torch
 
     torch.manual_seed(0)
+    if model_name == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        return GPT2LMHeadModel(GPT2Config()).cuda()  # 124M, from the config: no download
     if model_name == "mlp":
         layers = [m for _ in range(args.layers) for m in (torch.nn.Linear(args.width, args.width), torch.nn.GELU())]
         model = torch.nn.Sequential(*layers)
@@ -91,9 +99,39 @@ def batch(args, model_name: str, rank: int, step: int, micro: int):
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(100_000 * step + 100 * rank + micro)
+    if model_name == "gpt2":
+        ids = torch.randint(0, 50257, (2, 1024), device="cuda", generator=g)
+        return ids, ids
     shape = (args.rows, args.width) if model_name == "mlp" else (args.rows // 8, 128, 1024)
     x = torch.randn(shape, device="cuda", generator=g)
     return x, torch.tanh(x)
+
+
+def micro_batches(args, model_name: str) -> int:
+    """``--micro-batches``, or the model's default: 8, GPT-2's 4 (of 2 x 1024 tokens)."""
+    return args.micro_batches or (4 if model_name == "gpt2" else 8)
+
+
+def backward(args, model, step: int, micro: int) -> None:
+    """One micro-batch's forward and backward (GPT-2's under bf16 autocast, its loss its own)."""
+    import torch
+
+    x, y = batch(args, args.model, 0, step, micro)
+    if args.model == "gpt2":
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=x, labels=y).loss
+    else:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+
+
+def with_profile(args, result: dict, step_fn) -> dict:
+    """``result`` with one more step's profile (``gpu_profile``) where ``--profile`` asks for it."""
+    if args.profile:
+        from gpu_profile import profiled
+
+        result["profile"] = profiled(step_fn, args.warmup + args.steps)
+    return result
 
 
 def timed(args, step_fn, barrier) -> list[float]:
@@ -130,7 +168,9 @@ def torch_worker(args, run: str) -> dict:
         else:
             from torch.distributed.fsdp import fully_shard
 
-            units = model.layers if args.model == "transformer" else [m for m in model if hasattr(m, "weight")]
+            units = {"transformer": lambda: model.layers, "gpt2": lambda: model.transformer.h}.get(
+                args.model, lambda: [m for m in model if hasattr(m, "weight")]
+            )()
             for unit in units:
                 fully_shard(unit)
             fully_shard(model)
@@ -138,22 +178,22 @@ def torch_worker(args, run: str) -> dict:
 
     def step_fn(step: int) -> None:
         optimizer.zero_grad()
-        for micro in range(args.micro_batches):
-            x, y = batch(args, args.model, 0, step, micro)
-            torch.nn.functional.mse_loss(model(x), y).backward()
+        for micro in range(micro_batches(args, args.model)):
+            backward(args, model, step, micro)
         optimizer.step()
 
     times = timed(args, step_fn, lambda: None)
+    result = {"times": times, "peak": torch.cuda.max_memory_allocated(), "staged": 0, "staged_seconds": 0.0}
+    result = with_profile(args, result, step_fn)
     if run != "torch":
         dist.destroy_process_group()
-    return {"times": times, "peak": torch.cuda.max_memory_allocated(), "staged": 0, "staged_seconds": 0.0}
+    return result
 
 
 def mpizero_worker(args, run: str) -> dict:
     """``mpizero.torch.shard`` at one stage; this rank's share of the micro-batches, in a plain loop or through
     ``step(closure)``."""
     import numpy as np
-    import torch
     from mpi4py import MPI
 
     import mpizero
@@ -162,12 +202,11 @@ def mpizero_worker(args, run: str) -> dict:
     comm = MPI.COMM_WORLD
     model = build(args, args.model)
     zero = shard(model, mpizero.AdamW(lr=1e-4), stage=int(run.rsplit("-", 1)[1]), comm=comm)
-    mine = mpizero.split_evenly(args.micro_batches, comm.size, comm.rank)
+    mine = mpizero.split_evenly(micro_batches(args, args.model), comm.size, comm.rank)
 
     def passes(step: int) -> None:
         for micro in mine:
-            x, y = batch(args, args.model, 0, step, micro)
-            torch.nn.functional.mse_loss(model(x), y).backward()
+            backward(args, model, step, micro)
 
     def step_fn(step: int) -> None:
         if run.startswith("mpizero.closure"):
@@ -183,12 +222,13 @@ def mpizero_worker(args, run: str) -> dict:
     comm.Allreduce(np.array(times), slowest, op=MPI.MAX)
     staged = sum(traffic.staged.values()) / (args.warmup + args.steps)
     seconds = sum(traffic.seconds[op] for op in traffic.staged) / (args.warmup + args.steps)
-    return {
+    result = {
         "times": slowest.tolist(),
         "peak": comm.allreduce(peak_device_bytes(), op=MPI.MAX),
         "staged": comm.allreduce(staged, op=MPI.MAX),
         "staged_seconds": comm.allreduce(seconds, op=MPI.MAX),
     }
+    return with_profile(args, result, step_fn)
 
 
 def pinned_peak() -> tuple[float, float]:
@@ -236,8 +276,8 @@ def run_one(args, run: str, model: str, ranks: int, timeout: float) -> dict:
             "--layers",
             str(args.layers),
         ]
-        worker += ["--micro-batches", str(args.micro_batches), "--rows", str(args.rows)]
-        worker += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+        worker += ["--micro-batches", str(micro_batches(args, model)), "--rows", str(args.rows)]
+        worker += ["--steps", str(args.steps), "--warmup", str(args.warmup), *(["--profile"] if args.profile else [])]
         command = python_under_mpiexec(ranks, *worker) if run.startswith("mpizero") else [sys.executable, *worker]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531", "MPIZERO_CUDA_AWARE": "0"}
     # A session of its own: on a timeout every rank is killed, not only mpiexec (a rank left behind holds the GPU).
@@ -307,6 +347,10 @@ def measure(args, save, started: float) -> list[dict]:
         if run == "torch" and "times" in row:
             plain = sorted(row["times"])[len(row["times"]) // 2]
         print(row_text(f"{run} -n {ranks}", row, plain), flush=True)
+        if "profile" in row:
+            from gpu_profile import lines  # beside this file, on the path of a script run
+
+            print("\n".join(lines(f"{run} -n {ranks}", row["profile"])), flush=True)
         rows.append({"model": model, "run": run, "ranks": ranks, **row})
         save(rows, False)
     save(rows, True)
@@ -338,6 +382,10 @@ def main(argv=None) -> int:
         return 0
     d2h, h2d = pinned_peak()
     print(f"pinned copy peak: device to host {d2h / 1e9:.1f} GB/s, host to device {h2d / 1e9:.1f} GB/s", flush=True)
+    if args.profile:
+        from gpu_profile import print_standin_counts
+
+        print_standin_counts(args.models, micro_batches(args, "mlp"))
 
     def save(rows: list[dict], done: bool) -> None:
         write_json(args.json, {"pinned": [d2h, h2d], "rows": rows, "done": done})
