@@ -272,7 +272,7 @@ class Collectives:
 
     def gather_object(self, value, what: str, root: int = 0) -> list | None:
         """Every rank's ``value`` in rank order on ``root``; None elsewhere."""
-        gather = lambda: self.comm.gather(value, root=root)  # noqa: E731
+        gather = functools.partial(self.comm.gather, value, root=root)
         return self._control(f"gather of {what}", value, gather, [value], gathers=True)
 
     def allreduce_value(self, value, op: MPI.Op, what: str):

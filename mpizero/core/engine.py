@@ -388,10 +388,6 @@ class ZeroEngine(ParamAccess, StateAccess, HyperAgreement):
         for tally in self._tallies:
             tally.note(problem)
 
-    def begin_step(self) -> None:
-        """Begin the step now if no call has (its device stats zeroed: a caller's check may write into them)."""
-        self._begin_step()
-
     def note_problem_at_agreement(self, check) -> None:
         """As ``note_problem`` with ``check()``'s problem, if any, asked for at the step's next agreement, once the
         device stats are read back (a check whose numbers come back with them: ``DeviceStats.attach``)."""

@@ -296,10 +296,11 @@ class GroupGradients:
 
     def _keep(self, grads, predictions, outside, keep: Keep, measure: bool) -> None:
         """Hold the arrays whose elements the stream left out (only those elements are encoded from them later);
-        with ``measure``, a tensor with no prediction is only measured (the step will be redone). On a device the
-        counts come back in one copy, and what is held is held in host memory: the run's first step holds every
-        contribution, which the device's memory is not sized for. ``Keep.REDO`` holds nothing and copies nothing
-        back: the counts stay on the device until the step's agreement."""
+        with ``measure``, a tensor with no prediction is only measured (the step will be redone). With a spill a
+        tensor with a prediction left nothing to hold (its spill has it), and one with none left out everything:
+        nothing is read back. On a device what is held is held in host memory (the run's first step holds every
+        contribution, which the device's memory is not sized for); without a spill the counts come back in one
+        copy. ``Keep.REDO`` holds nothing and copies nothing back."""
         if keep is Keep.REDO:
             return
         on_device = self.xp is not np
@@ -363,14 +364,16 @@ class GroupGradients:
             kept_sum = self.xp.empty(self._averaged_numel, dtype=wire)
             self._collective(collectives, buffer, kept_sum, True)
             total += kept_sum
-        if self.defers_decode:  # the update decodes as it reads (``take_deferred``), or whoever reads the grads first
+        if reduction.fuses_decode and self.defers_decode:  # the update decodes as it reads, or whoever reads first
             self.deferred = arithmetic.Decoding(total, tuple(reduction.divisors(self.decoded_segments, chosen, count)))
             self._free_step_buffers()
             self.decoded = True
             return
         shard = self.place.decode_target()
         decoded = shard if self.grad_blocks is None else self.grad_blocks.own
-        reduction.decode_segments(total, self.decoded_segments, chosen, count, decoded)
+        decoded[...] = 0
+        for index, lo, hi in self.decoded_segments:
+            reduction.decode(total[lo:hi], chosen[index], count, decoded[lo:hi])
         if self.grad_blocks is not None:
             collectives.decoded_in_place(self.grad_blocks)
         self.place.decoded(shard)
@@ -379,9 +382,9 @@ class GroupGradients:
 
     @property
     def defers_decode(self) -> bool:
-        """Whether the step's decode waits for the update, which then decodes as it reads (a device's exact sum,
-        held in memory, not node-shared): one launch a group for both."""
-        return self.spill is not None and self.grad_blocks is None
+        """Whether the step's decode may wait for the update, which then decodes as it reads (a device's sum, not
+        node-shared; the reduction's ``fuses_decode`` says whether it does): one launch a group for both."""
+        return self.xp is not np and self.grad_blocks is None
 
     def take_deferred(self) -> arithmetic.Decoding | None:
         """The step's sum still to decode (``arithmetic.Decoding``), handed to the update (None when decoded

@@ -56,10 +56,11 @@ class EditWatch:
         ``device_stats``: the engine's on a device, which the fingerprints come back with (``StepFingerprints``)."""
         self.model, self.params, self.binder = model, binder.params, binder
         pieces = len(binder.shown_pieces())
-        self.on_device = None if device_stats is None or not pieces else StepFingerprints(device_stats, pieces)
+        self.step_fingerprints = None if device_stats is None or not pieces else StepFingerprints(device_stats, pieces)
         self.trainable = {name for name, p in model.named_parameters() if p.requires_grad}
         self.seen: dict[str, tuple] = {}
-        self.fingerprints: list[tuple[int, int, int]] = []  # one for each of ``Binder.shown_pieces``
+        # one for each of ``Binder.shown_pieces``; None on a device, where ``step_fingerprints`` holds them
+        self.fingerprints: list[tuple[int, int, int]] | None = []
         self.refusal: str | None = None
         self.in_masters: str | None = None
         self.spoiled: str | None = None
@@ -76,8 +77,8 @@ class EditWatch:
         self.refusal = None
         self.seen = {name: _looks(p) for name, p in self.params.items()}
         pieces = [piece for _, _, piece in self.binder.shown_pieces()]
-        if self.on_device is not None:  # read back with the next step's stats, or when first needed
-            self.on_device.record(pieces)
+        if self.step_fingerprints is not None:  # read back with the next step's stats, or when first needed
+            self.step_fingerprints.record(pieces)
             self.fingerprints = None
         else:
             self.fingerprints = fingerprints(pieces)
@@ -132,20 +133,18 @@ class EditWatch:
         """Refuse the next steps for ``why`` until the masters are shown again."""
         self.refusal = self.refusal or why
 
-    def check_with_step(self, begin_step) -> bool:
-        """On a device, begin the step (``begin_step``: its device stats zeroed) and launch its check of the
-        fingerprints, which comes back with the step's device stats; return whether it did (else ``problem``
-        reads them at once)."""
-        if self.on_device is None or self.refusal is not None:
+    def check_with_step(self) -> bool:
+        """On a device, launch the step's check of the fingerprints, which comes back with the step's device stats;
+        return whether it did (else ``problem`` reads them at once)."""
+        if self.step_fingerprints is None or self.refusal is not None:
             return False
-        begin_step()
-        self.on_device.check([piece for _, _, piece in self.binder.shown_pieces()])
+        self.step_fingerprints.check([piece for _, _, piece in self.binder.shown_pieces()])
         return True
 
     def end_check(self) -> None:
         """The step's check is over (used, or the step raised): later checks read the fingerprints anew."""
-        if self.on_device is not None:
-            self.on_device.checking = False
+        if self.step_fingerprints is not None:
+            self.step_fingerprints.checking = False
 
     def problem(self) -> str | None:
         """What the next step must refuse, in words (None if nothing): what changed since ``record``, and this
@@ -214,9 +213,9 @@ class EditWatch:
         """The parameters in shown pieces (``Binder.shown_pieces``) whose fingerprint changed since ``record``: in
         those holding this rank's masters, and elsewhere (each buffer read once)."""
         pieces = self.binder.shown_pieces()
-        checked = self.on_device is not None and self.on_device.checking
-        now = self.on_device.checked_sums() if checked else fingerprints([piece for _, _, piece in pieces])
-        recorded = self.fingerprints if self.fingerprints is not None else self.on_device.recorded_sums()
+        step = self.step_fingerprints
+        now = step.checked_sums() if step is not None and step.checking else fingerprints([p for _, _, p in pieces])
+        recorded = self.fingerprints if self.fingerprints is not None else step.recorded_sums()
         in_masters: list[str] = []
         elsewhere: list[str] = []
         for (masters, names, _), before, after in zip(pieces, recorded, now):

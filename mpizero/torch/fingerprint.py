@@ -67,13 +67,13 @@ def fingerprints(buffers: list) -> list[tuple[int, int, int]]:
 
 class StepFingerprints:
     """The edit watch's fingerprints on a device, read back with the engine's device stats (``DeviceStats.attach``):
-    those recorded after an update, and those of the step's check (zeroed as each step begins), both in the step's
-    one copy back instead of a copy each."""
+    those recorded after an update, and those of the step's check, both in the step's one copy back instead of a
+    copy each."""
 
     def __init__(self, stats, pieces: int) -> None:
         self.stats, self.pieces = stats, pieces
-        self.now = stats.attach(3 * pieces, cleared=True)
-        self.recorded = stats.attach(3 * pieces, cleared=False)
+        self.now = stats.attach(3 * pieces)
+        self.recorded = stats.attach(3 * pieces)
         self.checking = False  # the step's check was launched: its sums come back with the step's stats
 
     def record(self, buffers: list) -> None:
@@ -84,8 +84,10 @@ class StepFingerprints:
         self.checking = False
 
     def check(self, buffers: list) -> None:
-        """Launch the sums of ``buffers`` now into the check's words (the step began: they are zero)."""
-        self._launch(buffers, self.stats.attached(self.now))
+        """Launch the sums of ``buffers`` now into the check's words (zeroed first)."""
+        view = self.stats.attached(self.now)
+        view.fill(0)
+        self._launch(buffers, view)
         self.checking = True
 
     def _launch(self, buffers: list, view) -> None:

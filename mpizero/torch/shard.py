@@ -328,8 +328,7 @@ class ShardedModel:
     def _finish_step(self) -> StepResult:
         self._drop_kept_gathered()  # before the update changes the params; what changed in them is the check's
         try:
-            ended = self._checked_reduction()
-            edited = self.edits.problem()
+            edited, ended = self._checked_reduction()
         finally:
             self.edits.end_check()
         if ended is not None:
@@ -346,17 +345,21 @@ class ShardedModel:
             self.engine.raise_hyper_disagreement(hyper, problem)
         return self.engine.apply_update(grad_norm, hyper)
 
-    def _checked_reduction(self) -> StepResult | None:
-        """Check for edits, then reduce: an edit found before the reduction's agreement is refused there, on every
-        rank (on a device the check's fingerprints come back with the agreement's device stats, in one copy)."""
-        if not self._reduced and self._ended is None:
-            if self.edits.check_with_step(self.engine.begin_step):
-                self.engine.note_problem_at_agreement(self.edits.problem)
-            else:
-                edited = self.edits.problem()
-                if edited is not None:
-                    self.engine.note_problem(edited)  # refused at the reduction's agreement, still to come
-        return self._reduce_early()
+    def _checked_reduction(self) -> tuple[str | None, StepResult | None]:
+        """Check for edits, then reduce; return what the check found and the step's result if it ended there. An
+        edit found before the reduction's agreement is refused there, on every rank (on a device the check's
+        fingerprints come back with the agreement's device stats, in one copy, and the check is asked there)."""
+        if self._reduced or self._ended is not None:
+            return self.edits.problem(), self._reduce_early()
+        if self.edits.check_with_step():
+            found: list = []
+            self.engine.note_problem_at_agreement(lambda: found.append(self.edits.problem()) or found[0])
+            ended = self._reduce_early()
+            return (found[0] if found else self.edits.problem()), ended
+        edited = self.edits.problem()
+        if edited is not None:
+            self.engine.note_problem(edited)  # refused at the reduction's agreement, still to come
+        return edited, self._reduce_early()
 
     def _reduce_early(self) -> StepResult | None:
         """Reduce this step's gradients unless they were already; the step's result if it ended there (skipped)."""

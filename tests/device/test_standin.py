@@ -195,6 +195,24 @@ def test_elements_left_out_on_a_device_are_spilled_for_the_hosts_bytes(monkeypat
 
 
 @pytest.mark.parametrize("stage", [0, 3])
+def test_a_wrong_decode_inside_the_update_gives_other_bytes_than_the_host(monkeypatch, stage):
+    """The decode the update's kernel makes as it reads the sum (``arithmetic.Decoding``), flipping the lowest bit of
+    each gradient it writes: the masters are no longer the host's (the checks above bite on it)."""
+    from mpizero.core.reduce import arithmetic
+
+    decode = arithmetic.Decoding.numpy
+
+    def flipped(self, total, out):
+        decode(self, total, out)
+        out.view(np.uint32)[...] ^= np.uint32(1)
+
+    on_host = spiked_run(monkeypatch, stage, False, closure=False)[0]
+    assert spiked_run(monkeypatch, stage, True, closure=False)[0] == on_host
+    monkeypatch.setattr(arithmetic.Decoding, "numpy", flipped)
+    assert spiked_run(monkeypatch, stage, True, closure=False)[0] != on_host
+
+
+@pytest.mark.parametrize("stage", [0, 3])
 def test_an_overflowing_spill_runs_a_closures_step_again_and_stops_a_plain_loop_on_every_rank(monkeypatch, stage):
     """A spill of 2 slots for more left-out elements: ``step(closure)`` runs the pass again holding them on the
     host (the host's bytes); a plain loop, whose gradients are gone, is stopped with an error naming the way."""

@@ -2,9 +2,11 @@
 
 Glossary:
 
-- device stats: one int64 buffer for the whole engine, zeroed once a step and read back once, at the step's first
-  agreement (``DeviceStats``). Each group's view holds, per tensor, the largest magnitude's float32 bits seen this
-  step (a maximum), the count of elements left out (a sum), then the group's spill count. Integer maximum and
+- device stats: one int64 buffer for the whole engine (``DeviceStats``), zeroed once a step and read back at the
+  step's first agreement, in one copy (again at a later group's agreement only where passes encoded since:
+  ``last_backward()``, or rounds reduced during backward). Each group's view holds, per tensor, the largest
+  magnitude's float32 bits seen this step (a maximum), the count of elements left out (a sum), then the group's
+  spill count. Integer maximum and
   addition do not depend on their order, so the atomics that fold them on a GPU cannot change a bit.
 - spill: where a pass puts the elements it leaves out of a tensor that has a prediction (beyond its cap, or not
   finite), as (position in the group's padded buffer, float32 value), so that no backward waits to learn whether
@@ -48,30 +50,21 @@ class DeviceStats:
         starts = np.cumsum([0, *sizes]).tolist()
         self.spans = list(zip(starts[:-1], starts[1:]))
         self.attached_spans: list[tuple[int, int]] = []
-        self.cleared_words = starts[-1]  # what ``clear`` zeroes: the groups' stats and the cleared attachments
-        self.kept_words = 0
-        self._make()
+        self.stats_words = starts[-1]  # what ``clear`` zeroes: the groups' stats (attachments are their callers')
+        self._make(self.stats_words)
 
-    def _make(self) -> None:
-        self.buffer = self.xp.zeros(self.cleared_words + self.kept_words, dtype=np.int64)
+    def _make(self, words: int) -> None:
+        self.buffer = self.xp.zeros(words, dtype=np.int64)
         self.views = [self.buffer[a:b] for a, b in self.spans]
         self.read: np.ndarray | None = None  # the last read-back, while nothing was written since
 
-    def attach(self, words: int, cleared: bool) -> int:
+    def attach(self, words: int) -> int:
         """Room for ``words`` int64 of a caller's (the torch bridge's edit watch), read back in the same copy as the
-        groups' stats; zeroed with them as each step begins (``cleared``), or left as written. At set-up only (the
-        buffer is made anew); return its handle for ``attached`` and ``attached_host``."""
-        if cleared:  # cleared words come before the kept ones: every kept attachment moves up
-            self.attached_spans = [
-                (a + words, b + words) if a >= self.cleared_words else (a, b) for a, b in self.attached_spans
-            ]
-            start = self.cleared_words
-            self.cleared_words += words
-        else:
-            start = self.cleared_words + self.kept_words
-            self.kept_words += words
+        groups' stats, written (and zeroed) by the caller alone. At set-up only (the buffer is made anew); return
+        its handle for ``attached`` and ``attached_host``."""
+        start = self.buffer.size
         self.attached_spans.append((start, start + words))
-        self._make()
+        self._make(start + words)
         return len(self.attached_spans) - 1
 
     def attached(self, handle: int):
@@ -85,9 +78,8 @@ class DeviceStats:
         return self.host()[start:stop]
 
     def clear(self) -> None:
-        """A step (or a pass run again) begins: every maximum, count and spill count back to 0 (one launch), and
-        the cleared attachments."""
-        self.buffer[: self.cleared_words].fill(0)
+        """A step (or a pass run again) begins: every maximum, count and spill count back to 0 (one launch)."""
+        self.buffer[: self.stats_words].fill(0)
         self.read = None
 
     def written(self) -> None:
@@ -139,18 +131,21 @@ class Spill:
             kernels(self.device.xp).spill(self.positions[:count], self.values[:count], offsets, chosen, local)
 
 
-def encode_group(xp, total, tensors: list, assign: bool, numel: int, spill: Spill) -> None:
+def encode_group(total, tensors: list, assign: bool, numel: int, spill: Spill) -> None:
     """Encode one or two contributions of every tensor into ``total`` (the group's padded buffer: int64, or float32
     for a round's wire) in one launch per ``MAX_TENSORS`` tensors, folding their maxima and left-out counts into
     the group's device stats and their left-out elements into its spill. ``tensors``: per tensor
-    ``(offset, pieces, k, cap_bits, spills)``, ``pieces`` one flat float32 array per contribution. With ``assign``
-    the padding ``[numel, total.size)`` is zeroed too."""
-    launch = kernels(xp).encode
+    ``(index, offset, pieces, k, cap_bits, spills)``, ``pieces`` one flat float32 array per contribution (two only
+    into an int64 sum: a float32 wire holds one). With ``assign`` the padding ``[numel, total.size)`` is zeroed
+    too."""
+    if total.dtype == np.float32 and any(len(t[2]) > 1 for t in tensors):
+        raise ValueError("a float32 wire buffer holds one contribution: it is written, never added to")
+    launch = kernels(spill.device.xp).encode
     spill.device.written()
     for first in range(0, max(len(tensors), 1), MAX_TENSORS):
         chunk = tensors[first : first + MAX_TENSORS]
         pad = assign and first + MAX_TENSORS >= len(tensors)
-        launch(total, chunk, first, assign, numel if pad else total.size, spill)
+        launch(total, chunk, assign, numel if pad else total.size, spill)
 
 
 @functools.cache
@@ -163,8 +158,8 @@ def _standin_kernels(xp):
     """The stand-in's: one launch each (``xp.kernel``), evaluating ``arithmetic``'s formula with NumPy."""
     from types import SimpleNamespace
 
-    def encode(total, chunk, first: int, assign: bool, pad_from: int, spill: Spill) -> None:
-        pieces = [p for _, ps, _, _, _ in chunk for p in ps]
+    def encode(total, chunk, assign: bool, pad_from: int, spill: Spill) -> None:
+        pieces = [p for _, _, ps, _, _, _ in chunk for p in ps]
         params = ", ".join(f"float32 x{i}" for i in range(len(pieces)))
         wire = total.dtype == np.float32
 
@@ -172,7 +167,7 @@ def _standin_kernels(xp):
             *xs, total_h, stats_h, positions_h, values_h = arrays
             n = spill.tensors
             found = iter(xs)
-            for index, (offset, ps, k, cap, spills) in enumerate(chunk, start=first):
+            for index, offset, ps, k, cap, spills in chunk:
                 ops = arithmetic.numpy_ops(int(k))
                 for number, _ in enumerate(ps):
                     x = next(found)
@@ -228,9 +223,9 @@ def _cuda_kernels(cupy):
         source = cuda_source(tensors, pair, wire, assign)
         return cupy.RawKernel(source, "mz_group_encode", options=("--fmad=false",))
 
-    def encode(total, chunk, first: int, assign: bool, pad_from: int, spill: Spill) -> None:
-        pair = len(chunk[0][1]) == 2 if chunk else False
-        blocks = [-(-p[0].size // TILE) for _, p, _, _, _ in chunk]
+    def encode(total, chunk, assign: bool, pad_from: int, spill: Spill) -> None:
+        pair = len(chunk[0][2]) == 2 if chunk else False
+        blocks = [-(-p[0].size // TILE) for _, _, p, _, _, _ in chunk]
         pad_blocks = -(-(total.size - pad_from) // TILE)
         grid = sum(blocks) + pad_blocks
         if grid == 0:
@@ -242,13 +237,13 @@ def _cuda_kernels(cupy):
             spill.values,
             np.int64(spill.slots),
             np.int64(spill.tensors),
-            np.int64(first),
             np.int64(pad_from),
             np.int64(total.size),
         ]
-        for (offset, pieces, k, cap, spills), count in zip(chunk, blocks):
+        for (index, offset, pieces, k, cap, spills), count in zip(chunk, blocks):
             args += [
                 *pieces,
+                np.int64(index),
                 np.int64(offset),
                 np.int64(pieces[0].size),
                 np.int64(count),
@@ -281,6 +276,7 @@ def cuda_source(tensors: int, pair: bool, wire: bool, assign: bool) -> str:
         ", ".join(
             [
                 *(f"const float* {c}{t}" for c in names),
+                f"long long index{t}",
                 f"long long off{t}",
                 f"long long size{t}",
                 f"long long blocks{t}",
@@ -294,7 +290,8 @@ def cuda_source(tensors: int, pair: bool, wire: bool, assign: bool) -> str:
     pick = "\n".join(
         f"    {'if' if t == 0 else 'else if'} (b < (seen += blocks{t})) {{ t = {t}; "
         + " ".join(f"{c} = {c}{t};" for c in names)
-        + f" off = off{t}; size = size{t}; k = k{t}; cap = cap{t}; spills = spills{t}; b -= seen - blocks{t}; }}"
+        + f" index = index{t}; off = off{t}; size = size{t}; k = k{t}; cap = cap{t}; spills = spills{t};"
+        + f" b -= seen - blocks{t}; }}"
         for t in range(tensors)
     )
     target = "float" if wire else "long long"
@@ -324,14 +321,14 @@ def cuda_source(tensors: int, pair: bool, wire: bool, assign: bool) -> str:
     pointers = " ".join(f"const float* {c} = 0;" for c in names)
     return f"""
 extern "C" __global__ void mz_group_encode({target}* total, long long* stats, long long* positions, float* values,
-        long long slots, long long tensors_all, long long first, long long pad_from, long long padded,
+        long long slots, long long tensors_all, long long pad_from, long long padded,
         {per_tensor}) {{
     __shared__ unsigned int tops[{THREADS}];
     __shared__ unsigned long long outs[{THREADS}];
     long long b = blockIdx.x, seen = 0;
     int t = -1, k = 0, spills = 0;
     unsigned int cap = 0;
-    long long off = 0, size = 0;
+    long long index = 0, off = 0, size = 0;
     {pointers}
 {pick}
     if (t < 0) {{  // a padding block: zero it where the launch assigns
@@ -357,8 +354,8 @@ extern "C" __global__ void mz_group_encode({target}* total, long long* stats, lo
         __syncthreads();
     }}
     if (threadIdx.x == 0) {{
-        atomicMax((unsigned long long*)&stats[first + t], (unsigned long long)tops[0]);
-        atomicAdd((unsigned long long*)&stats[tensors_all + first + t], outs[0]);
+        atomicMax((unsigned long long*)&stats[index], (unsigned long long)tops[0]);
+        atomicAdd((unsigned long long*)&stats[tensors_all + index], outs[0]);
     }}
 }}
 """

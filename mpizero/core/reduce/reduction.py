@@ -43,6 +43,7 @@ class ExactReduction:
     result_can_overflow = False  # the mean of values below the agreed maximum is below it
     pairs = True  # integer sums are associative: two contributions may be added in one pass
     spills = True  # on a device, what a pass leaves out may wait in a spill (``group_encode``): added exactly later
+    fuses_decode = True  # on a device the update decodes the sum as it reads it (``divisors``)
 
     def predict(self, history: tuple[float, int] | None, headroom: int) -> scales.Prediction | None:
         return None if history is None else scales.predict(*history, headroom)
@@ -56,8 +57,8 @@ class ExactReduction:
     def encode(self, total, grads, layout, predictions, assign: bool, start: int = 0, spill=None) -> tuple[list, list]:
         """Fold one contribution into ``total`` (elements ``start`` on) at each tensor's predicted scale, below
         its cap; with ``assign``, write the span (zeros beyond the tensors) instead of adding to it. With a device
-        ``spill`` (``group_encode``), the whole group in one launch: its maxima and counts go to the device stats,
-        and the contribution's are ``(None, None)``."""
+        ``spill`` (``group_encode``), the whole group in a launch per 32 tensors: its maxima and counts go to the
+        device stats, and the contribution's are ``(None, None)``."""
         return self._encode(total, [grads], layout, predictions, assign, start, spill)[0]
 
     def encode_pair(self, total, grads, second, layout, predictions, assign: bool, start: int = 0, spill=None) -> list:
@@ -65,14 +66,16 @@ class ExactReduction:
         return self._encode(total, [grads, second], layout, predictions, assign, start, spill)
 
     def _encode(self, total, contributions, layout, predictions, assign: bool, start: int, spill) -> list:
-        if spill is not None and start == 0:
+        if spill is not None:
+            if start:  # what a spill holds is the whole group's: a span from elsewhere would lose elements
+                raise ValueError(f"a group encode with a spill covers the group from 0, not from {start}")
             tensors = []
             for index, spec, _, _ in layout.overlaps(0, total.size):
                 prediction = predictions[index]  # None: every element left out and held whole, never spilled
                 k, cap = (0, 0) if prediction is None else (prediction.k, prediction.cap_bits)
                 pieces = [grads[spec.name].reshape(-1) for grads in contributions]
-                tensors.append((spec.offset, pieces, k, cap, prediction is not None))
-            group_encode.encode_group(array_module(total), total, tensors, assign, layout.numel, spill)
+                tensors.append((index, spec.offset, pieces, k, cap, prediction is not None))
+            group_encode.encode_group(total, tensors, assign, layout.numel, spill)
             return [(None, None)] * len(contributions)
 
         def encode_one(view, pieces, index: int, first: bool):
@@ -118,15 +121,6 @@ class ExactReduction:
 
     def decode(self, reduced, scale: int, count: int, out) -> None:
         exact.decode(reduced, scale, count, out)
-
-    def decode_segments(self, reduced, segments, chosen, count: int, out) -> None:
-        """Decode each segment ``(tensor index, lo, hi)`` of ``reduced`` into ``out`` at its tensor's chosen scale,
-        0 elsewhere (the padding): on a device in one launch (``arithmetic.device_decode_segments``)."""
-        xp = array_module(out)
-        if xp is np:
-            _decode_each(self, reduced, segments, chosen, count, out)
-            return
-        arithmetic.device_decode_segments(xp, reduced, self.divisors(segments, chosen, count), out)
 
     def divisors(self, segments, chosen, count: int) -> list[tuple[int, int, float]]:
         """Each segment ``(tensor index, lo, hi)`` as ``(lo, hi, divisor)``: its mean is its sum over the divisor
@@ -182,6 +176,7 @@ class NativeReduction:
     result_can_overflow = True  # a float32 sum of finite values can reach inf
     pairs = False  # a float32 sum's bits depend on the order of its additions
     spills = False
+    fuses_decode = False
     EVERYTHING = scales.Prediction(0, 1 << 20, 0)
 
     def predict(self, history, headroom: int) -> scales.Prediction:
@@ -216,16 +211,6 @@ class NativeReduction:
 
     def decode(self, reduced, scale: int, count: int, out) -> None:
         out[...] = reduced / np.float32(count)
-
-    def decode_segments(self, reduced, segments, chosen, count: int, out) -> None:
-        _decode_each(self, reduced, segments, chosen, count, out)
-
-
-def _decode_each(reduction, reduced, segments, chosen, count: int, out) -> None:
-    """``decode_segments`` one segment at a time, after zeroing ``out`` (the padding stays 0)."""
-    out[...] = 0
-    for index, lo, hi in segments:
-        reduction.decode(reduced[lo:hi], chosen[index], count, out[lo:hi])
 
 
 REDUCTIONS = {"exact": ExactReduction(), "native": NativeReduction()}
