@@ -43,6 +43,7 @@ class GradientIntake:
     def _reset_backward(self) -> None:
         self.current: dict = {}
         self.delivered = False  # this backward produced a counted gradient
+        self.taken = False  # ... or any gradient (a backward may reach the outputs and no parameter)
         self.missing = [set(g.layout.names) for g in self.engine.groups]
         self.pending = set(range(len(self.engine.groups)))  # groups not yet handed in this backward
 
@@ -53,6 +54,7 @@ class GradientIntake:
     def take(self, name: str, grad) -> None:
         """Autograd finished ``name``'s gradient of this backward (an array, zero-copy)."""
         group = self.group_of[name]
+        self.taken = True
         if self.counted:
             self.current[name], self.delivered = grad, True
         self.missing[group].discard(name)
@@ -84,8 +86,9 @@ class GradientIntake:
             self._start(self.next_group)
 
     def backward_done(self) -> None:
-        """End of one backward: hand in the groups it left incomplete (the engine names the missing tensors)."""
-        if self.delivered or self.per_round:
+        """End of one backward: hand in the groups it left incomplete (the engine names the missing tensors); a
+        backward that reached no parameter (``torch.autograd.grad`` of the inputs) hands in nothing."""
+        if self.taken and (self.delivered or self.per_round):
             for group in sorted(self.pending, reverse=True):
                 self._hand_in(group)
         self.reduce_in_backward = False

@@ -7,6 +7,11 @@ acquires them again first (prefetching the unit before it). Backward: the unit
 is released as soon as autograd has finished every parameter it owns, and
 whatever is still held at the end of the backward is released then.
 
+Activation checkpointing runs a unit's forward again inside the backward (``torch.utils.checkpoint``, either
+``use_reentrant``): that recompute's gathers are held as the backward's (``recomputing``), released when the unit's
+gradients are finished, since a non-reentrant recompute stops as soon as it has what the backward needs, so its
+forward post-hook may never run.
+
 Every other module holding trainable parameters is a lazy unit: called while
 its groups are held (inside its unit's forward) its hooks do nothing; called on
 its own (a tied ``lm_head`` outside the model's forward) it gathers its groups
@@ -103,6 +108,10 @@ class UnitHooks:
 
     def _before_forward(self, u: int, module, args) -> None:
         gather = Operation.GATHER if torch.is_grad_enabled() else Operation.EVAL_GATHER  # told apart: see sync
+        if recomputing():  # held as the backward's: the post-hook may never run
+            self._acquire(u)
+            self.backward_holds[u] += 1
+            return
         if self.lazy[u]:
             needed = any(self.binder.holders[g] == 0 for g in self.needs[u])
             self.acquired.append(needed)
@@ -119,12 +128,20 @@ class UnitHooks:
         self._prefetch(u, +1, gather)
 
     def _after_forward(self, u: int, module, args, output) -> None:
+        if recomputing():
+            if not self.lazy[u]:
+                self._hook_backward(u, output)  # a reentrant recompute's backward runs through these outputs
+            return
         if self.lazy[u] and not self.acquired.pop():
             return
         self._release(u)
+        self._hook_backward(u, output)
+
+    def _hook_backward(self, u: int, output) -> None:
+        """Where autograd records, make the unit's backward acquire its groups first (``_before_backward``)."""
         if torch.is_grad_enabled():
             call = {"started": False}
-            for tensor in _tensors(output):
+            for tensor in output_tensors(output):
                 if tensor.requires_grad:
                     tensor.register_hook(self.around(partial(self._before_backward, u, call)))
 
@@ -169,17 +186,22 @@ def _lazy_units(model: torch.nn.Module, units: list[Unit], group_of: dict[str, i
     return lazy
 
 
+def recomputing() -> bool:
+    """Whether a module's forward runs inside autograd's backward: activation checkpointing's recompute."""
+    return torch._C._current_graph_task_id() != -1
+
+
 def outside_graphs(hook):
     """``hook`` run eagerly, not traced, under ``torch.compile`` (a graph break where it is called)."""
     return torch.compiler.disable(hook, recursive=True)
 
 
-def _tensors(value) -> list[torch.Tensor]:
+def output_tensors(value) -> list[torch.Tensor]:
     """The tensors in a module's output (a tensor, or tuples, lists and dicts of them)."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
+        return [t for v in value for t in output_tensors(v)]
     if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
+        return [t for v in value.values() for t in output_tensors(v)]
     return []

@@ -34,7 +34,7 @@ from mpizero.torch.buffers import BufferSync
 from mpizero.torch.edits import GATHERED_RAISED, EditWatch
 from mpizero.torch.grad_guard import GradView
 from mpizero.torch.grads import GradientIntake
-from mpizero.torch.hooks import UnitHooks, outside_graphs
+from mpizero.torch.hooks import UnitHooks, output_tensors, outside_graphs, recomputing
 from mpizero.torch.meta import MetaInit, is_meta_model
 from mpizero.torch.optim_bridge import TorchOptimizer, attach, is_torch_optimizer
 from mpizero.torch.params import Binder
@@ -146,6 +146,7 @@ class ShardedModel:
                 self.hooks = UnitHooks(
                     model, self.units, group_of, self.binder, self._backward_started, self.torch_stream.around
                 )
+            model.register_forward_hook(outside_graphs(self._hook_outputs))
             if lopsided_warning:  # now the engine agreed on the groups it is made from: the same on every rank
                 warnings.warn(lopsided_warning, stacklevel=3)
             for name, p in self.params.items():  # weakly: see ``_grad_ready_of``
@@ -173,6 +174,18 @@ class ShardedModel:
         if not self._in_backward:
             self._in_backward = True
             torch.autograd.Variable._execution_engine.queue_callback(self.torch_stream.around(self._backward_done))
+
+    def _hook_outputs(self, module, args, output) -> None:
+        """A backward through the model's outputs starts (``_backward_started``) when it reaches them: in its
+        outermost graph task, so that its end is that task's, not a reentrant checkpoint's nested backward's,
+        which may finish gradients first."""
+        if torch.is_grad_enabled() and not recomputing():
+            for tensor in output_tensors(output):
+                if tensor.requires_grad:
+                    tensor.register_hook(self._output_reached)
+
+    def _output_reached(self, grad) -> None:
+        self._backward_started()
 
     def _grad_ready(self, name: str, param: torch.nn.Parameter) -> None:
         self._backward_started()

@@ -22,7 +22,7 @@ try:
     import transformers  # noqa: F401
 except ImportError:
     HAS_TRANSFORMERS = False
-KINDS = [k for k in users.MODELS if HAS_TRANSFORMERS or k != "gpt2"]
+KINDS = [k for k in users.MODELS if HAS_TRANSFORMERS or not k.startswith("gpt2")]
 TOLERANCE = {"autocast": 2e-3}  # bfloat16 matmuls: the two orders of float32 additions differ more
 # The bias of a Linear right before BatchNorm has a true gradient of 0 (BatchNorm removes the mean), so both
 # gradients are rounding noise, which Adam turns into steps of up to lr: checked only to within STEPS * lr, as
@@ -42,13 +42,18 @@ def digests():
 
 @pytest.mark.parametrize("n", [1, 2, 4])  # 3 ranks: the recipe's and the identity tests (test_torch*.py)
 def test_every_model_gives_the_same_bytes_at_every_stage_and_world_size(n, digests):
-    out = run_mpi_ok(n, ["-m", "mpi4py", "tests/torch_bridge/torch_users.py", *KINDS], timeout=240)
+    kinds = [k for k in KINDS if n < 4 or not k.startswith("gpt2_")]  # GPT-2 recomputed: at 1 and 2 ranks (time)
+    out = run_mpi_ok(n, ["-m", "mpi4py", "tests/torch_bridge/torch_users.py", *kinds], timeout=240)
     found = {(m, s): d for m, s, d in re.findall(r"^digest (\w+) (\dk?) (\w+)$", out, re.M)}
-    assert len(found) == 5 * len(KINDS), out
-    for kind in KINDS:
+    assert len(found) == 5 * len(kinds), out
+    for kind in kinds:
         assert len({found[(kind, s)] for s in ("0", "1", "2", "3", "3k")}) == 1, f"{kind}: stages differ at -n {n}"
+    for kind in set(users.CHECKPOINTED) & set(kinds):  # activation checkpointing changes no byte
+        plain = kind.split("_")[0]
+        assert found[(kind, "0")] == found[(plain, "0")], f"{kind} differs from {plain} at -n {n}"
     digests[n] = found
-    assert digests[n] == digests[min(digests)], f"-n {n} differs from -n {min(digests)}"
+    first = digests[min(digests)]
+    assert all(first[key] == digest for key, digest in found.items()), f"-n {n} differs from -n {min(digests)}"
 
 
 @pytest.mark.parametrize("n", [1, 3])

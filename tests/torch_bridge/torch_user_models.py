@@ -7,7 +7,10 @@ Each ``make(kind)`` returns ``(model, units)``: the stage 3 units to pass to
 import torch
 from torch import nn
 
-MODELS = ("tied", "twice", "frozen", "nested", "batchnorm", "autocast", "clip", "gpt2")
+# activation checkpointing (torch.utils.checkpoint's, and transformers'), by use_reentrant: the bytes of the kind
+# before the underscore
+CHECKPOINTED = {"mlp_ac": False, "mlp_ac_reentrant": True, "gpt2_ac": False, "gpt2_ac_reentrant": True}
+MODELS = ("tied", "twice", "frozen", "nested", "batchnorm", "autocast", "clip", "mlp", "gpt2", *CHECKPOINTED)
 VOCAB, WIDTH, SEQ = 13, 12, 6
 
 
@@ -53,11 +56,23 @@ class Nested(nn.Module):
         return self.parts["dec"][0](x) + self.bias
 
 
+class Recomputed(nn.Module):
+    """A layer run under ``torch.utils.checkpoint``: its activations recomputed in the backward."""
+
+    def __init__(self, layer: nn.Module, use_reentrant: bool) -> None:
+        super().__init__()
+        self.layer, self.use_reentrant = layer, use_reentrant
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.layer, x, use_reentrant=self.use_reentrant)
+
+
 def mlp() -> nn.Sequential:
     return nn.Sequential(nn.Linear(7, 17), nn.GELU(), nn.Linear(17, 11), nn.GELU(), nn.Linear(11, 3))
 
 
-def gpt2():
+def gpt2(use_reentrant: bool | None = None):
+    """GPT-2 from a config, with transformers' activation checkpointing if ``use_reentrant`` is not None."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
@@ -65,6 +80,8 @@ def gpt2():
     )
     config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
     model = GPT2LMHeadModel(config)
+    if use_reentrant is not None:
+        model.gradient_checkpointing_enable({"use_reentrant": use_reentrant})
     body = model.transformer
     return model, [body.wte, body.wpe, *body.h, body.ln_f]
 
@@ -88,11 +105,18 @@ def make(kind: str, seed: int | None = 0):
         return nn.Sequential(nn.Linear(7, 9), nn.BatchNorm1d(9), nn.GELU(), nn.Linear(9, 3)), None
     if kind == "gpt2":
         return gpt2()
+    if kind.startswith("gpt2_"):
+        return gpt2(CHECKPOINTED[kind])
+    if kind in CHECKPOINTED:  # every layer but the first recomputed (a reentrant one needs inputs with gradients)
+        model = mlp()
+        for index in (2, 4):
+            model[index] = Recomputed(model[index], CHECKPOINTED[kind])
+        return model, [model[0], model[2].layer, model[4].layer]  # stage 3 units inside the recomputed calls
     return mlp(), None  # mlp, autocast, clip
 
 
 def tokens_model(kind: str) -> bool:
-    return kind in ("tied", "gpt2")
+    return kind == "tied" or kind.startswith("gpt2")
 
 
 def batch(kind: str, step: int, m: int):
@@ -106,7 +130,7 @@ def batch(kind: str, step: int, m: int):
 
 
 def loss(kind: str, out, y):
-    if kind == "gpt2":
+    if kind.startswith("gpt2"):
         out = out.logits
     if tokens_model(kind):
         return nn.functional.cross_entropy(out.float().reshape(-1, VOCAB), y.reshape(-1))
