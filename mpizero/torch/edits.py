@@ -22,14 +22,16 @@ block's edit there at once, at every stage, and that rank's next steps are
 refused until the masters are shown again: it cannot tell the others, which
 may have written theirs back.
 
-What gives an edit away: the parameter's version counter (torch counts every
-in-place op on it and on its detached aliases), the tensor its ``.data`` is,
-its ``requires_grad``, and, where the module shows full parameters between steps
-(stages 0-2), a fingerprint of their bytes, which a write through ``.data``
-changes without counting, even one that only moves values. At stage 3 a
-parameter between steps is an empty placeholder whose ``.data`` shares the
-parameter's version counter (``params.counting_class``), so a write through
-``.data``, which acts on no element there, is counted as an in-place op is.
+What gives an edit away: the tensor its ``.data`` is, its ``requires_grad``,
+and, where the module shows full parameters between steps (stages 0-2), a
+fingerprint of their bytes, which a write through ``.data`` changes without
+torch counting it, even one that only moves values: there an in-place op that
+leaves every byte as it was (``p.mul_(1.0)``) is no edit. At stage 3 a
+parameter between steps is an empty placeholder with no bytes to compare, so
+its version counter (torch counts every in-place op on it and on its detached
+aliases) tells instead; its ``.data`` shares that counter
+(``params.counting_class``), so a write through ``.data``, which acts on no
+element there, is counted as an in-place op is.
 """
 
 from __future__ import annotations
@@ -168,12 +170,10 @@ class EditWatch:
         changed = self._changed()[0] if changed is None else changed
         if not changed:
             return None
-        counted = [name for name in changed if _looks(self.params[name]) != self.seen[name]]
-        what = f"parameters {_names(counted)}" if counted else f"one or more of the parameters {_names(changed)}"
         edit = (
-            f"{what} {CHANGED}; at stages 0-2 in float32 the parameters hold the masters, so the edit reached this "
-            "rank's masters (perhaps not the other ranks'), and `zero.gathered()` cannot drop it: load a "
-            "checkpoint or a state dict, or, if every rank made the same edit, keep it with `with "
+            f"{self._which(changed)} {CHANGED}; at stages 0-2 in float32 the parameters hold the masters, so the "
+            "edit reached this rank's masters (perhaps not the other ranks'), and `zero.gathered()` cannot drop it: "
+            "load a checkpoint or a state dict, or, if every rank made the same edit, keep it with `with "
             "zero.gathered(writeback=True): pass`"
         )
         if not self.blocks:
@@ -202,12 +202,19 @@ class EditWatch:
         in_masters = self.masters_edited(in_masters)
         if in_masters:
             return in_masters
-        edited = [name for name, p in self.params.items() if _looks(p) != self.seen[name]]
-        if edited:  # the masters' bytes are as recorded: a new .data, an edit elsewhere, or no change
+        bytes_shown = 0 if self.binder.sharded else 1  # where fingerprints tell, the version count does not
+        edited = [name for name, p in self.params.items() if _looks(p)[bytes_shown:] != self.seen[name][bytes_shown:]]
+        if edited:  # the masters' bytes are as recorded: a new .data, or at stage 3 an in-place op
             return _refusal(f"parameters {_names(edited)}")
         if elsewhere:
-            return _refusal(f"one or more of the parameters {_names(elsewhere)}")
+            return _refusal(self._which(elsewhere))
         return None
+
+    def _which(self, changed: list[str]) -> str:
+        """The parameters of pieces whose bytes changed, in words: those torch counted an in-place op on, if any,
+        else every one in those pieces."""
+        counted = [name for name in changed if _looks(self.params[name]) != self.seen[name]]
+        return f"parameters {_names(counted)}" if counted else f"one or more of the parameters {_names(changed)}"
 
     def _changed(self) -> tuple[list[str], list[str]]:
         """The parameters in shown pieces (``Binder.shown_pieces``) whose fingerprint changed since ``record``: in

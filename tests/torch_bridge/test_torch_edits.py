@@ -69,6 +69,10 @@ def test_edits_are_refused_or_dropped_alike_at_every_stage_and_rank(n):
             said = outcome[stage, "refused writeback"]
             assert said.startswith("refused: ") and said.endswith("then as without the edit: True"), said
             assert "the parameters after gathered(writeback=True)" in said, said
+    for stage in range(3):  # the bytes tell, not torch's version counter: an op that changes none is no edit
+        assert outcome[stage, "unchanged in-place op"] == "done; then as without the edit: True", stage
+    # at stage 3 the placeholder has no bytes to compare: an in-place op on it is refused, whatever it would do
+    assert outcome[3, "unchanged in-place op"].startswith(f"refused: step 2: {every}parameters '0.weight' {EDITED}")
     for stage in range(3):  # the module shows full parameters between steps: a write through .data is seen
         assert f"one or more of the parameters '2.weight', '2.bias' {EDITED}" in outcome[stage, ".data edit"]
     # at stage 3 the placeholder's .data shares the parameter's version counter: the write is counted

@@ -44,6 +44,11 @@ def edit_under_no_grad(model):
         model[0].weight.mul_(2)
 
 
+def unchanged_in_place(model):
+    with torch.no_grad():
+        model[0].weight.mul_(1.0)  # counted by torch's version counter; no byte changes
+
+
 def edit_through_data(model):
     model[2].bias.data.add_(1)
 
@@ -63,6 +68,7 @@ def unfreeze(model):
 BETWEEN_STEPS = {
     "no_grad edit": edit_under_no_grad,
     ".data edit": edit_through_data,
+    "unchanged in-place op": unchanged_in_place,
     "nn.init": init_again,
     "freeze": freeze,
     "unfreeze": unfreeze,
