@@ -6,6 +6,17 @@ or ``$CC``) into a library cached under ``~/.cache/mpizero`` (``MPIZERO_CACHE_DI
 ``-ffast-math``), so a kernel gives the bits NumPy gives for the same formula. Where no compiler works, or
 ``MPIZERO_HOST_KERNELS=numpy`` is set, ``kernel_library`` says why and the caller evaluates the formula with
 NumPy. ``load`` compiles other C (its own flags, no header), such as the offload files' fault handler.
+
+Nothing in the cache is trusted by its name alone. Each library has a record beside it (``.json``): the digest of
+what it was built from (source, compiler and its version, flags, machine) and the size and sha256 of the
+library's bytes, checked before it is loaded; a library cut short, patched, or copied from another kernel's name
+is built again, never loaded (loading a cut library ends the process with ``Bus error``). A compiler that turns
+fast math on anyway (a site wrapper appending ``-ffast-math``) is refused by the source itself (``HEADER``):
+its libraries would also flush every subnormal the process computes, NumPy's included. What a compiler does
+otherwise differently (``-ffp-contract=fast`` from a wrapper) each kernel's caller finds at first load by
+running it on probe values against NumPy's formula (``self_tested``), and where the bits differ the kernel is not
+used and a warning names the compiler and flags. The fallback cache folder under ``$TMPDIR`` is made 0700 and
+used only if it is this user's own and no one else may write in it.
 """
 
 from __future__ import annotations
@@ -13,19 +24,25 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import json
 import os
 import platform
 import secrets
 import shutil
+import stat
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 ENV_VAR = "MPIZERO_HOST_KERNELS"
 CACHE_ENV_VAR = "MPIZERO_CACHE_DIR"
 # -fno-fast-math: a compiler whose default is fast (Intel's icx) must round as IEEE says, too
 FLAGS = "-O3 -std=c99 -fPIC -shared -fwrapv -fno-math-errno -fno-trapping-math -ffp-contract=off -fno-fast-math".split()
-HEADER = """#include <math.h>
+HEADER = """#ifdef __FAST_MATH__
+#error "fast math is on (-ffast-math, or the compiler's default): it changes the bits"
+#endif
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -39,11 +56,35 @@ HEADER = """#include <math.h>
 
 def kernel_library(stem: str, source: str) -> tuple[ctypes.CDLL | None, str]:
     """A host kernel's library: ``HEADER + source`` with ``FLAGS``, and a description; or None and why NumPy
-    must be used (``MPIZERO_HOST_KERNELS=numpy``, no compiler, or it failed)."""
+    must be used (``MPIZERO_HOST_KERNELS=numpy``, no compiler, or it failed). A compiler that failed on this
+    source is warned of, once a process: NumPy's evaluation is slower."""
     if os.environ.get(ENV_VAR) == "numpy":
         return None, f"numpy ({ENV_VAR}=numpy)"
     library, why = load(stem, HEADER + source, FLAGS)
+    if library is None and why != NO_COMPILER:
+        _warn_once(f"mpizero: the {stem} kernel did not compile, so NumPy evaluates it (slower): {why}")
     return library, f"compiled ({why})" if library is not None else f"numpy ({why})"
+
+
+def self_tested(library: ctypes.CDLL, stem: str, problem: str | None) -> ctypes.CDLL | None:
+    """``library``, or None where its self-test found ``problem`` (its bits differ from NumPy's formula on the
+    probe values): then a warning names the compiler and flags, and the caller evaluates with NumPy."""
+    if problem is None:
+        return library
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    _warn_once(
+        f"mpizero: the compiled {stem} kernel ({compiler} {' '.join(FLAGS)}) gives other bits than NumPy's formula "
+        f"({problem}), so it is not used and NumPy evaluates it (slower): check what the compiler adds to its flags"
+    )
+    return None
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+NO_COMPILER = "no C compiler found"
 
 
 def load(stem: str, source: str, flags: list[str]) -> tuple[ctypes.CDLL | None, str]:
@@ -51,11 +92,19 @@ def load(stem: str, source: str, flags: list[str]) -> tuple[ctypes.CDLL | None, 
     (no compiler, or it failed)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        return None, "no C compiler found"
+        return None, NO_COMPILER
     try:
         return _loaded(compiler, stem, source, tuple(flags)), Path(compiler).name
     except (OSError, subprocess.SubprocessError, ValueError) as error:
-        return None, f"{compiler} failed: {(str(error).splitlines() or [type(error).__name__])[0][:120]}"
+        return None, f"{compiler} failed: {_first_error_line(str(error)) or type(error).__name__}"
+
+
+def _first_error_line(text: str) -> str:
+    """What the compiler said from its first ``error`` on if it said one, else its first line (at most 160
+    characters)."""
+    lines = text.splitlines()
+    line = next((line for line in lines if "error" in line), lines[0] if lines else "")
+    return line[line.find("error") if "error" in line else 0 :][:160]
 
 
 @functools.cache
@@ -64,10 +113,12 @@ def _loaded(compiler: str, stem: str, source: str, flags: tuple[str, ...]) -> ct
 
 
 def _compiled(compiler: str, stem: str, source: str, flags: tuple[str, ...]) -> Path:
-    """The cached library for this source, flags, compiler and machine, compiled first if missing (atomically)."""
+    """The cached library for this source, flags, compiler and machine: compiled first (atomically) if missing or
+    not the one its record describes (``_intact``)."""
     identity = "\n".join([source, compiler, _version(compiler), platform.machine(), *flags])
-    path = _cache_dir() / f"{stem}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.so"
-    if path.exists():
+    digest = hashlib.sha256(identity.encode()).hexdigest()
+    path = _cache_dir() / f"{stem}-{digest[:16]}.so"
+    if _intact(path, digest):
         return path
     written = path.with_name(f"{path.stem}-{secrets.token_hex(4)}.c")
     partial = path.with_name(f"{path.stem}-{secrets.token_hex(4)}.so.partial")
@@ -77,11 +128,42 @@ def _compiled(compiler: str, stem: str, source: str, flags: tuple[str, ...]) -> 
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise OSError(f"exit {done.returncode}: {done.stderr.strip()}")
+        built = partial.read_bytes()
+        record = {"identity": digest, "size": len(built), "sha256": hashlib.sha256(built).hexdigest()}
+        _write_atomically(_record_path(path), json.dumps(record).encode())
         os.replace(partial, path)  # atomic: ranks compiling at once each publish a whole library
     finally:
         written.unlink(missing_ok=True)
         partial.unlink(missing_ok=True)
     return path
+
+
+def _record_path(library: Path) -> Path:
+    return library.with_suffix(".json")
+
+
+def _intact(path: Path, identity: str) -> bool:
+    """Whether ``path`` is the library its record describes, built from ``identity``: the same size, then the
+    same sha256 (read before anything maps it)."""
+    try:
+        with open(_record_path(path), "rb") as f:
+            record = json.loads(f.read(4096))
+        if not isinstance(record, dict) or record.get("identity") != identity:
+            return False
+        if path.stat().st_size != record.get("size"):
+            return False
+        return hashlib.sha256(path.read_bytes()).hexdigest() == record.get("sha256")
+    except (OSError, ValueError):
+        return False
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    partial = path.with_name(f"{path.name}-{secrets.token_hex(4)}.partial")
+    try:
+        partial.write_bytes(data)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 @functools.cache
@@ -95,13 +177,30 @@ def _version(compiler: str) -> str:
 
 
 def _cache_dir() -> Path:
-    """Where compiled kernels are kept: ``$MPIZERO_CACHE_DIR``, else ``$XDG_CACHE_HOME/mpizero`` or ``~/.cache``."""
+    """Where compiled kernels are kept: ``$MPIZERO_CACHE_DIR``, else ``$XDG_CACHE_HOME/mpizero`` or ``~/.cache``;
+    where that cannot be made, ``$TMPDIR/mpizero-UID``, only if it is private (``_private_folder``)."""
     chosen = os.environ.get(CACHE_ENV_VAR) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "mpizero"
     )
     try:
         os.makedirs(chosen, exist_ok=True)
     except OSError:
-        chosen = os.path.join(tempfile.gettempdir(), f"mpizero-{os.getuid()}")
-        os.makedirs(chosen, exist_ok=True)
+        chosen = _private_folder(os.path.join(tempfile.gettempdir(), f"mpizero-{os.getuid()}"))
     return Path(chosen)
+
+
+def _private_folder(path: str) -> str:
+    """``path``, made 0700 if missing; an OSError unless it is a folder (not a link) this user owns that no one
+    else may write in, since another user could plant a library in a shared temporary folder."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    found = os.lstat(path)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o022:
+        mode = stat.filemode(found.st_mode)
+        raise OSError(
+            f"{path}: not a private folder of this user's (owner uid {found.st_uid}, mode {mode}): set "
+            f"{CACHE_ENV_VAR} to a folder of your own"
+        )
+    return path

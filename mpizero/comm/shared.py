@@ -302,4 +302,13 @@ def _compiled_sum():
         return None
     library.mz_sum.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
     library.mz_sum.restype = None
-    return library.mz_sum
+    return compiled.self_tested(library.mz_sum, "sum", _sum_self_test(library.mz_sum))
+
+
+def _sum_self_test(function) -> str | None:
+    """Whether ``function`` sums probe blocks as NumPy does (wrapping past int64's ends), in words if not."""
+    rng = np.random.default_rng(0)
+    views = [rng.integers(-(2**63), 2**63 - 1, 5000, dtype=np.int64, endpoint=True) for _ in range(3)]
+    out = np.empty(5000, np.int64)
+    function(out.ctypes.data, (ctypes.c_void_p * 3)(*(v.ctypes.data for v in views)), 3, out.size)
+    return None if np.array_equal(out, views[0] + views[1] + views[2]) else "the sum of three probe blocks"

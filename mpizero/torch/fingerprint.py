@@ -261,4 +261,6 @@ def _compiled():
         return None
     library.mz_fingerprint.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     library.mz_fingerprint.restype = None
-    return library.mz_fingerprint
+    probe = np.random.default_rng(0).integers(0, 2**32, 2 * COLUMNS + 3, dtype=np.uint32).view(np.float32)
+    same = _one_pass(library.mz_fingerprint, probe) == _by_formula([probe])[0]
+    return compiled.self_tested(library.mz_fingerprint, "fingerprint", None if same else "the sums of a probe buffer")

@@ -30,8 +30,9 @@ void mz_update(size_t n, const float *restrict c, const float *restrict grad_, {
 """
 
 
-def kernel(rule, hyper, constants: dict, states: list[str]):
-    """The compiled update for this formula, called as ``(n, constants, grad, param, *states)``, or None."""
+def kernel(rule, hyper, constants: dict, states: list[str], by_formula):
+    """The compiled update for this formula, called as ``(n, constants, grad, param, *states)``, or None (also
+    where, at its first use, it gives other bits than ``by_formula(arrays)``, NumPy's, on probe values)."""
     numbers, body, written = c_statements(rule, hyper, constants, states)
     arrays = ["param", *states]
     source = LOOP.format(
@@ -41,7 +42,33 @@ def kernel(rule, hyper, constants: dict, states: list[str]):
         body=body,
         stores=" ".join(f"{name}_[i] = {name};" for name in written),  # what a phase only reads stays unwritten
     )
-    return _function(source, len(arrays))
+    function = _function(source, len(arrays))
+    if function is not None and source not in _TESTED:
+        _TESTED[source] = compiled.self_tested(function, "update", _self_test(function, constants, states, by_formula))
+    return _TESTED.get(source)
+
+
+_TESTED: dict[str, object] = {}  # source -> its function where it passed its self-test, else None
+
+
+def _self_test(function, constants: dict, states: list[str], by_formula) -> str | None:
+    """Whether ``function`` updates probe arrays as ``by_formula`` does, bit for bit: values over many exponents,
+    signed zeros and subnormals (states non-negative, as second moments are); in words if not."""
+    rng = np.random.default_rng(0)
+    special = np.array([0.0, -0.0, 1e-45, -1e-45, 1.1754942e-38, 1.0, -1.0, 1e18, -1e18], np.float32)
+
+    def probe(non_negative: bool) -> np.ndarray:
+        spread = (rng.standard_normal(247) * np.exp2(rng.integers(-30, 30, 247))).astype(np.float32)
+        values = np.concatenate([special, spread])
+        return np.abs(values) if non_negative else values
+
+    arrays = {"param": probe(False), "grad": probe(False), **{name: probe(True) for name in states}}
+    expected = {name: a.copy() for name, a in arrays.items()}
+    with np.errstate(all="ignore"):
+        by_formula(expected)
+        host_update(function, arrays, constants)
+    differs = [name for name in arrays if arrays[name].tobytes() != expected[name].tobytes()]
+    return f"the update of {', '.join(differs)} on probe values" if differs else None
 
 
 @functools.cache

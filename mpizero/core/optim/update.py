@@ -13,6 +13,7 @@ the terms, so a kernel generated from the same function is specialized to them.
 
 from __future__ import annotations
 
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -58,10 +59,16 @@ def apply_step(rule, hyper, step: int, param, grad, state: dict, compiled: bool 
     if xp is not np:
         device_update.device_update(xp, rule, hyper, arrays, constants, NUMPY_OPS, decoding)
         return
-    kernel = host_update.kernel(rule, hyper, constants, list(state)) if compiled else None
+    by_formula = partial(numpy_step, rule, hyper, constants)
+    kernel = host_update.kernel(rule, hyper, constants, list(state), by_formula) if compiled else None
     if kernel is not None:
         host_update.host_update(kernel, arrays, constants)
         return
+    by_formula(arrays)
+
+
+def numpy_step(rule, hyper, constants: dict, arrays: dict) -> None:
+    """``rule``'s formula evaluated by NumPy on host ``arrays`` (flat) in place, in cache-sized chunks."""
     for start in range(0, arrays["param"].size, CHUNK):
         view = {k: a[start : start + CHUNK] for k, a in arrays.items()}
         for name, value in rule.formula(NUMPY_OPS, view, constants, hyper).items():

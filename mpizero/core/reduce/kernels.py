@@ -245,4 +245,57 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         *(ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_uint32)),
         ctypes.POINTER(ctypes.c_int64),
     ]
+    problem = self_test(library)
+    if compiled.self_tested(library, "encode", problem) is None:
+        return None, f"numpy (the compiled kernel failed its self-test: {problem})"
     return library, description
+
+
+PROBE_SCALES = (0, 1, -3, 24, -60)  # 2**k: at 1, small and large
+PROBE_DIVISORS = (1.0, 3.0, 10.0, 2.0**-5, 7.0 * 2**40)
+
+
+def probe_values(k: int) -> np.ndarray:
+    """Float32 values the encode at scale ``k`` must round as NumPy does: halfway ties either side, subnormals,
+    signed zeros, the largest magnitudes, inf and NaN (left out), and random ones over many exponents."""
+    ties = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, 1.5000001, 1e6 + 0.5], np.float64)
+    special = [1e-45, -1e-45, 1.1754942e-38, 0.0, -0.0, 1.0, -7.0, 3.4028235e38, -3.4028235e38, np.inf, np.nan]
+    rng = np.random.default_rng(k & 0xFFFF)
+    spread = rng.standard_normal(200) * np.exp2(rng.integers(-40, 40, 200))
+    return np.concatenate([np.ldexp(ties, -k), special, spread]).astype(np.float32)
+
+
+def self_test(library) -> str | None:
+    """What the compiled kernels compute otherwise than NumPy's formulas (``numpy_encode``, ``arithmetic.decode``)
+    on the probe values, in words; None where every bit agrees."""
+    for k in PROBE_SCALES:
+        x = probe_values(k)
+        y = x[::-1].copy()
+        lo, hi = int(np.float32(2.0**-30).view(np.uint32)), int(np.float32(2.0 ** (60 - k)).view(np.uint32))
+        factor, top = np.float32(math.ldexp(1.0, k)), ctypes.c_uint32()
+        start = np.random.default_rng(1).integers(-(2**40), 2**40, x.size)
+        for assign in (True, False):
+            ours, theirs = start.copy(), start.copy()
+            outside = library.mz_encode(_address(ours), _address(x), x.size, factor, lo, hi, int(assign), top)
+            if (top.value, outside) != numpy_encode(theirs, x, k, lo, hi, assign) or not np.array_equal(ours, theirs):
+                return f"the encode at 2**{k}"
+            tops, outsides = (ctypes.c_uint32 * 2)(), (ctypes.c_int64 * 2)()
+            ours = start.copy()
+            library.mz_encode_pair(
+                _address(ours), _address(x), _address(y), x.size, factor, lo, hi, int(assign), tops, outsides
+            )
+            numpy_encode(theirs, y, k, lo, hi, False)
+            if not np.array_equal(ours, theirs):
+                return f"the paired encode at 2**{k}"
+        wire, expected = np.empty(x.size, np.float32), np.empty(x.size, np.float32)
+        library.mz_encode_wire(_address(wire), _address(x), x.size, factor, lo, hi, top)
+        numpy_encode(expected, x, k, lo, hi, True)
+        if wire.tobytes() != expected.tobytes():
+            return f"the wire encode at 2**{k}"
+    totals = np.random.default_rng(2).integers(-(2**62), 2**62, 256)
+    for divisor in PROBE_DIVISORS:
+        out = np.empty(totals.size, np.float32)
+        library.mz_decode(_address(totals), totals.size, divisor, out.ctypes.data)
+        if out.tobytes() != arithmetic.decode(arithmetic.NUMPY_OPS, totals, divisor).tobytes():
+            return f"the decode by {divisor!r}"
+    return None
