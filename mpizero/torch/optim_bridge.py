@@ -56,6 +56,14 @@ class TorchOptimizer:
         """The torch optimizer's groups as they are now, each ``params`` as canonical tensor names."""
         if self.problem is not None:
             raise ValueError(self.problem)
+        for index, group in enumerate(self.torch.param_groups):
+            unknown = next((p for p in group["params"] if id(p) not in self.canonical), None)
+            if unknown is not None:
+                raise ValueError(
+                    f"parameter group {index} holds a tensor of shape {list(unknown.shape)} that was no trainable "
+                    f"parameter of the model when it was sharded (added by add_param_group(), or unfrozen, after "
+                    f"shard()): {FIXED_AT_SHARD}"
+                )
         return [
             {
                 **{k: v for k, v in group.items() if k != "params"},
@@ -63,6 +71,12 @@ class TorchOptimizer:
             }
             for group in self.torch.param_groups
         ]
+
+
+FIXED_AT_SHARD = (
+    "a sharded model's trainable parameters and its optimizer's groups are fixed when it is sharded: set "
+    "requires_grad and give the optimizer every parameter group before shard()"
+)
 
 
 def _problem(optimizer, canonical: dict[int, str]) -> str | None:

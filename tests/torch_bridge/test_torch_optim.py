@@ -245,6 +245,39 @@ def test_a_schedule_that_breaks_a_hyper_parameter_is_refused_at_the_step():
         zero.step()
 
 
+@pytest.mark.parametrize("stage", [0, 3])
+def test_unfreezing_after_shard_is_refused_naming_the_way(stage):
+    """Gradual unfreezing as torch users write it (requires_grad on, ``add_param_group``) after ``shard()``: one
+    error at the step naming what to do, for the flag and then for the group, never a KeyError; the run goes on
+    once both are undone."""
+    net = model()
+    net[3].requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-2)
+    zero = shard(net, opt, stage=stage)
+    net[3].requires_grad_(True)
+    opt.add_param_group({"params": list(net[3].parameters()), "lr": 1e-3})
+    x, y = micro_batch(0, 0)
+
+    def step():
+        zero.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        return zero.step()
+
+    with pytest.raises(mpizero.ZeroError, match=r"requires_grad of '3.bias', '3.weight' changed after shard\(\)"):
+        step()
+    net[3].requires_grad_(False)
+    with zero.gathered():  # shows the parameters as the engine holds them again: the refusal ends
+        pass
+    refused = (
+        r"rank 0: optimizer: parameter group 1 holds a tensor of shape \[4, 24\] that was no trainable parameter of "
+        r"the model when it was sharded .*give the optimizer every parameter group before shard\(\)"
+    )
+    with pytest.raises(mpizero.ZeroError, match=refused):
+        step()
+    opt.param_groups.pop()
+    assert step().step == 1
+
+
 def test_mpizero_optimizers_take_parameter_groups_by_name():
     net = model()
     names = [n for n, p in net.named_parameters() if p.dim() < 2]

@@ -76,7 +76,10 @@ class BoundOptimizer:
         """Every group's hyper-parameters now, checked: a ValueError names the group and the field."""
         groups = self.optimizer.param_groups
         if len(groups) != len(self.members):
-            raise ValueError(f"the optimizer has {len(groups)} parameter groups; it had {len(self.members)}")
+            raise ValueError(
+                f"the optimizer has {len(groups)} parameter groups; it had {len(self.members)} when the engine was "
+                "made (a group added after it is not trained: give the optimizer every group before)"
+            )
         return tuple(self._hyper(g, group) for g, group in enumerate(groups))
 
     def _hyper(self, g: int, group) -> object:
