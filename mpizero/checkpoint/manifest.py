@@ -10,8 +10,9 @@ is unsigned or signed under another key. The manifest lists every rank file's
 digest (``shards``), so the signature covers the shards too.
 
 ``read`` trusts a manifest in this order: a regular file, its size and nesting
-depth (bounded before the JSON is parsed), its checksum, its signature when
-there is a key, then its structure (``structure.check``: field types, and a
+depth (bounded before the JSON is parsed), its format (this one or the previous,
+read as this one: ``formats``), its checksum, its signature when there is a
+key, then its structure (``structure.check``: field types, and a
 partition rule that places every tensor exactly once). Its meaning (same
 model, same optimizer, same data settings) is the loader's to check. Every
 refusal is a ``CheckpointError`` naming the file and the field. ``write``
@@ -29,10 +30,10 @@ import os
 import numpy as np
 
 from mpizero import files
-from mpizero.checkpoint import structure
+from mpizero.checkpoint import formats, structure
 from mpizero.errors import CheckpointError
 
-FORMAT = "mpizero-checkpoint-6"
+FORMAT = formats.CURRENT  # what ``write`` writes; ``read`` also reads the previous one (``formats``)
 MANIFEST = "manifest.json"
 MAX_BYTES = 1 << 24  # about 80 bytes per rank: 330 KiB at 4096 ranks (``estimate --scale``), 16 MiB at 200,000
 MAX_DEPTH = 16  # ``save`` writes 5 levels; json's parser recurses once per level
@@ -141,6 +142,7 @@ def read(path: str, key: bytes | None) -> dict:
     manifest = load_json(manifest_path)
     try:
         _check_seal(manifest, key)
+        manifest = formats.as_current(manifest)
         structure.check({k: v for k, v in manifest.items() if k != "signature"})
     except structure.Invalid as error:
         raise CheckpointError(f"{manifest_path}: field {error.field}: {error.problem}") from None
@@ -150,8 +152,9 @@ def read(path: str, key: bytes | None) -> dict:
 def _check_seal(manifest, key: bytes | None) -> None:
     if not isinstance(manifest, dict):
         raise structure.Invalid("(top level)", f"must be a JSON object, got {type(manifest).__name__}")
-    if manifest.get("format") != FORMAT:
-        raise structure.Invalid("format", f"{manifest.get('format')!r}, this mpizero reads {FORMAT!r}")
+    if manifest.get("format") not in formats.READ:
+        read = " and ".join(map(repr, formats.READ))
+        raise structure.Invalid("format", f"{manifest.get('format')!r:.80}, this mpizero reads {read}")
     saved, computed = manifest.get("checksum"), checksum(manifest)
     if saved != computed:
         raise structure.Invalid(
