@@ -71,7 +71,7 @@ def self_tested(library: ctypes.CDLL, stem: str, problem: str | None) -> ctypes.
     probe values): then a warning names the compiler and flags, and the caller evaluates with NumPy."""
     if problem is None:
         return library
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = _compiler()
     _warn_once(
         f"mpizero: the compiled {stem} kernel ({compiler} {' '.join(FLAGS)}) gives other bits than NumPy's formula "
         f"({problem}), so it is not used and NumPy evaluates it (slower): check what the compiler adds to its flags"
@@ -90,13 +90,18 @@ NO_COMPILER = "no C compiler found"
 def load(stem: str, source: str, flags: list[str]) -> tuple[ctypes.CDLL | None, str]:
     """The library ``stem`` compiled from ``source`` with ``flags``, and the compiler's name; or None and why not
     (no compiler, or it failed)."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = _compiler()
     if compiler is None:
         return None, NO_COMPILER
     try:
         return _loaded(compiler, stem, source, tuple(flags)), Path(compiler).name
     except (OSError, subprocess.SubprocessError, ValueError) as error:
         return None, f"{compiler} failed: {_first_error_line(str(error)) or type(error).__name__}"
+
+
+def _compiler() -> str | None:
+    """The C compiler: ``$CC``, else ``cc`` or ``gcc`` on the PATH (None if none)."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
 def _first_error_line(text: str) -> str:
