@@ -16,16 +16,17 @@ enters too (``order_forward``), so a forward on another stream than the last ste
 step's update at every stage, not only at stage 3, whose gathers enter anyway.
 
 A gradient autograd made on one stream and lent to the engine (``lend``: held past its hook, zero-copy) may be read
-on another, where the engine is entered next; each lent tensor is recorded on every stream the engine enters while it
-is alive (``Tensor.record_stream``), so torch's caching allocator does not hand its memory to the stream that made it
-while the other still reads it.
+on another, where the engine is entered next, and torch's caching allocator hands a freed block at once to later work
+on the stream that made it. So an entry on a stream other than one that lent gradients ends with each lending stream
+waiting for the entry's work (an event, no host wait): whatever torch queues there afterwards, on memory the entry
+freed, runs after the entry has read it. Where the engine is entered on one stream only (the common loop) nothing is
+recorded, joined or watched per gradient; autograd itself records a gradient on the stream its hook runs on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import weakref
 
 import numpy as np
 import torch
@@ -62,7 +63,7 @@ class TorchStream:
         self.xp, self.device = xp, device
         self.last = None  # the stream the engine was last entered on
         self.streams: dict[int, object] = {}  # CuPy's stream over each torch stream entered on, by pointer
-        self.lent: dict[int, torch.Tensor] = {}  # id of an array the engine holds -> the tensor it views
+        self.lenders: dict[int, object] = {}  # the streams gradients were lent to the engine on, by pointer
 
     def __call__(self):
         if self.xp is np:
@@ -72,25 +73,21 @@ class TorchStream:
         if stream is None:
             stream = self.streams[ptr] = external_stream(self.xp, ptr)
         self.follow(stream)
-        return stream
+        self.last = stream
+        others = [lender for key, lender in self.lenders.items() if key != ptr]
+        return JoinedEntry(stream, others) if others else stream
 
     def follow(self, stream) -> None:
         """Order ``stream``'s later work after the engine's work queued so far on the stream it was last entered on,
-        if that was another, and record every lent tensor on it (torch's current stream: ``stream``)."""
+        if that was another (torch's current stream: ``stream``)."""
         if self.last is not None and self.last.ptr != stream.ptr:
             stream.wait_event(self.last.record())
-            for tensor in self.lent.values():
-                record_stream(tensor, self.device)
-        self.last = stream
 
-    def lend(self, tensor: torch.Tensor, array):
-        """``array`` (a zero-copy view of ``tensor``) as the engine may hold it past this entry: ``tensor`` is
-        recorded on each stream the engine enters while ``array`` lives. On the host nothing is queued: as is."""
-        if self.xp is not np:
-            key = id(array)
-            self.lent[key] = tensor
-            weakref.finalize(array, self.lent.pop, key, None)
-            record_stream(tensor, self.device)  # made on another stream than this entry's: read here too
+    def lend(self, array):
+        """``array`` (a zero-copy view of a tensor autograd made) as the engine may hold it past this entry: its
+        stream is one that later entries on other streams join (``JoinedEntry``). On the host: as is."""
+        if self.xp is not np and self.last.ptr not in self.lenders:
+            self.lenders[self.last.ptr] = self.last
         return array
 
     def order_forward(self, model: torch.nn.Module, outside_graphs) -> None:
@@ -110,11 +107,22 @@ class TorchStream:
         return run
 
 
-def record_stream(tensor: torch.Tensor, device: torch.device) -> None:
-    """Keep ``tensor``'s memory from reuse until torch's current stream's work queued so far is done (a CUDA tensor;
-    the stand-in's CPU tensors run at once, and torch's CPU allocator reuses nothing early)."""
-    if tensor.device.type == "cuda":
-        tensor.record_stream(torch.cuda.current_stream(device))
+class JoinedEntry:
+    """An entry on ``stream`` whose end makes each of ``lenders`` wait for the entry's work, so that memory of a
+    gradient lent there and freed here goes back to its stream only after this entry has read it (what
+    ``Tensor.record_stream`` on each lent gradient would ensure, at one event an entry)."""
+
+    def __init__(self, stream, lenders: list) -> None:
+        self.stream, self.lenders = stream, lenders
+
+    def __enter__(self):
+        return self.stream.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        done = self.stream.record()
+        for lender in self.lenders:
+            lender.wait_event(done)
+        self.stream.__exit__(*exc)
 
 
 def on_torch_stream(method):

@@ -1,6 +1,7 @@
 """The CPU stand-in for CuPy (``mpizero.standin``) refuses what CuPy refuses and counts what crosses the bus, so the
 device code paths that run on it are held to CuPy's rules without a GPU."""
 
+import gc
 from functools import partial
 
 import numpy as np
@@ -273,9 +274,10 @@ def test_a_meta_device_model_on_the_standin_trains_to_the_hosts_bytes(monkeypatc
 def test_forward_and_backward_on_a_users_stream_then_step_on_another_give_the_hosts_bytes(monkeypatch):
     """``with torch.cuda.stream(s):`` around forward and backward, ``step()`` outside it, at stage 3: the engine's
     work on ``s`` (gathers, gradient reductions) and on the default stream (updates of the param shards) is ordered
-    by events (``TorchStream.follow``); without them the stand-in, running late, gives other bytes. In bfloat16, so
-    that a kernel on ``s`` reads the param shards (widening them for the forward): in float32 one rank's forward
-    reads them in place, through torch, whose reads of shared memory the stand-in runs at once."""
+    by events (``TorchStream.follow``, and ``JoinedEntry`` at the step's end); without them the stand-in, running
+    late, gives other bytes. In bfloat16, so that a kernel on ``s`` reads the param shards (widening them for the
+    forward): in float32 one rank's forward reads them in place, through torch, whose reads of shared memory the
+    stand-in runs at once."""
     from mpizero.torch import streams
 
     current = [streams.STANDIN_TORCH_STREAM]  # what stands for torch's current stream
@@ -293,6 +295,7 @@ def test_forward_and_backward_on_a_users_stream_then_step_on_another_give_the_ho
     on_host = trained(on_standin=False)
     assert trained(on_standin=True) == on_host
     monkeypatch.setattr(streams.TorchStream, "follow", lambda self, stream: None)
+    monkeypatch.setattr(streams.TorchStream, "lend", lambda self, array: array)  # no lender joins either
     assert trained(on_standin=True) != on_host
 
 
@@ -326,27 +329,41 @@ def test_a_forward_on_a_users_stream_enters_the_engine_before_its_first_module(m
         on_host = masters
 
 
-def test_gradients_the_engine_holds_are_recorded_on_the_stream_that_reads_them(monkeypatch):
+def test_a_stream_that_lent_gradients_waits_for_the_entries_on_other_streams(monkeypatch):
     """Stage 1, three backward passes on the user's stream, ``step()`` on another: the third pass's gradients,
-    waiting for a partner (paired encode), are torch's own memory, so at the step's entry each is recorded on the
-    step's stream (``record_stream``: torch's allocator keeps them until the step has read them); the first two
-    passes' gradients, encoded and let go, are not. Each is recorded on the stream it is handed in on too (which
-    torch ignores where that is the stream that made it)."""
+    waiting for a partner (paired encode), are torch's own memory, read by the step. At the step's end the
+    backward's stream waits for an event after the step's last work (``JoinedEntry``), so torch's allocator
+    cannot give that memory to later work there before the step has read it; the backward passes, all on one
+    stream, wait for nothing, and a loop on one stream waits for nothing at all."""
+    from mpizero.standin import cuda, late
     from mpizero.torch import streams
 
     current = [streams.STANDIN_TORCH_STREAM]
     monkeypatch.setattr(streams, "torch_stream_pointer", lambda device: current[0])
-    recorded = []
-    monkeypatch.setattr(streams, "record_stream", lambda tensor, device: recorded.append((tensor, current[0])))
+    waits = []  # (the stream that waits, the stream it waits on, where that stream's queue then stood)
+    wait_event = cuda.Stream.wait_event
+
+    def logged(stream, event):
+        waits.append((stream.ptr, event.stream.ptr, event.position))
+        wait_event(stream, event)
+
+    monkeypatch.setattr(cuda.Stream, "wait_event", logged)
     model, zero = standin_model(monkeypatch, 1)
     current[0] = 0xB0B
+    default = streams.STANDIN_TORCH_STREAM
     backward_passes(model, 3)
-    assert len(recorded) == 3 * 6 and {stream for _, stream in recorded} == {0xB0B}  # as each was handed in
-    waiting = [a for g in zero.engine.groups for a in g.gradients.waiting.grads.values()]
-    third = [standin.asnumpy(a).tobytes() for a in waiting]
-    current[0] = streams.STANDIN_TORCH_STREAM
-    recorded.clear()
+    assert [(w, on) for w, on, _ in waits] == [(0xB0B, default)]  # after the set-up's work, then nothing
+    assert all(g.gradients.waiting.grads for g in zero.engine.groups)
+    waits.clear()
+    current[0] = default
     zero.step()
-    assert len(waiting) == 6 and len(recorded) == 6
-    assert sorted(tensor.numpy().tobytes() for tensor, _ in recorded) == sorted(third)
-    assert {stream for _, stream in recorded} == {streams.STANDIN_TORCH_STREAM}
+    assert [(w, on) for w, on, _ in waits] == [(default, 0xB0B), (0xB0B, default)]
+    assert waits[-1][2] == late.position(default) > waits[0][2]  # after the step's last launch
+    del model, zero
+    gc.collect()  # the first model's clean-up enters its engine too
+    model, zero = standin_model(monkeypatch, 1)
+    waits.clear()
+    for _ in range(2):
+        backward_passes(model, 3)
+        zero.step()
+    assert waits == []
