@@ -2,7 +2,8 @@
 
 Run (no GPU needed): python benchmarks/bench_device_counts.py
     python benchmarks/bench_device_counts.py --models mlp --width 64 --stages 0 3
-One rank only (the counts are one rank's; MPI calls at one rank should be none). Models: ``mlp``, the 101M MLP's
+    mpiexec -n 2 python benchmarks/bench_device_counts.py --models mlp
+The counts are rank 0's (MPI calls at one rank should be none), printed by rank 0. Models: ``mlp``, the 101M MLP's
 shape (6 x Linear(width, width) + GELU, 12 tensors; width 4096 makes it the 101M one), and ``gpt2``, transformers'
 GPT-2 built from a config (12 blocks, tied embedding and head) at a small width. AdamW, a plain loop
 (``backward()`` per micro-batch, then ``step()`` and ``zero_grad()``), ``MPIZERO_STANDIN=1``: torch's CPU tensors
@@ -11,7 +12,7 @@ stand for CUDA ones, and every launch, copy, host wait and allocation the engine
 
 After ``--warmup`` steps (the run's first step has no scale prediction and is not counted), one step of
 ``--micro-batches`` passes and one of half as many are counted. The difference gives the launches a micro-batch
-adds (L); the rest of the first is the step's fixed launches (F). Per model a line ``<model>: N groups``, then per
+adds (L); the rest of the first is the step's fixed launches (F). Per model a line ``<model> (...): N groups``, then per
 stage ``stage S: launches/micro-batch L, fixed launches/step F, syncs/step Y, allocations/step A, mpi calls/step M``
 (Y, A, M of the longer step).
 """
@@ -147,15 +148,19 @@ def main(argv=None) -> int:
     args = parse(argv)
     if args.micro_batches < 2 or args.micro_batches % 2:
         sys.exit("bench_device_counts: --micro-batches must be even and at least 2")
+    from mpi4py import MPI
+
+    rank, ranks = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     for name in args.models:
         lines, groups = [], 0
         for stage in args.stages:
             groups, counts = count_stage(name, stage, args)
             lines.append(counts.line(stage))
         shape = f"width {args.width}" if name == "mlp" else "12 blocks, from a transformers config"
-        print(f"{name} ({shape}), {args.micro_batches} micro-batches: {groups} groups", flush=True)
-        for line in lines:
-            print(line, flush=True)
+        if rank == 0:
+            print(f"{name} ({shape}, {ranks} ranks), {args.micro_batches} micro-batches: {groups} groups", flush=True)
+            for line in lines:
+                print(line, flush=True)
     return 0
 
 

@@ -111,6 +111,7 @@ class Collectives:
         self.arenas: dict = {}  # key -> SharedArena; "bucket" is the one stages 2-3 share
         self.sums: dict = {}  # key -> OwnerSums: a group's round-by-round sum, on one host
         self.node_windows: list[NodeBlocks] = []  # on one host: stage 3's full params, stage 0's averaged grads
+        self.scratches: dict = {}  # key -> a device buffer blocking calls borrow (``scratch``)
         self.paths = self._settle_paths(on_device)
         levels = TwoLevel(comm, self.node, self.watchdog) if self.paths.two_level else None
         self.transports = Router(comm, self.paths, levels)
@@ -241,10 +242,11 @@ class Collectives:
 
     @property
     def held_bytes(self) -> int:
-        """Bytes this rank's shared memory holds between calls: the arena stages 2-3 share (0 if none), and its
-        accumulator of each group's owner sums."""
+        """Bytes this rank's collectives hold between calls: the arena stages 2-3 share (0 if none), its
+        accumulator of each group's owner sums, and the device scratch buffers (``scratch``)."""
         bucket = self.arenas["bucket"].nbytes if "bucket" in self.arenas else 0
-        return bucket + sum(sums.own.nbytes for sums in self.sums.values())
+        scratch = sum(int(held.nbytes) for held in self.scratches.values())
+        return bucket + scratch + sum(sums.own.nbytes for sums in self.sums.values())
 
     @property
     def mapped_bytes(self) -> int:
@@ -322,9 +324,21 @@ class Collectives:
         """
         return self._run("reduce_scatter", send.nbytes, send, recv, blocking, counted_as)
 
+    def scratch(self, xp, numel: int, dtype, key: str):
+        """``numel`` elements of ``dtype`` for one blocking call's use (``key``: what for): on a device a view of one
+        buffer made at the largest size asked and kept, so that no round allocates (every transport is done with
+        it, and ordered after the kernels queued before, when a blocking call returns); on the host a new array."""
+        if xp is np:
+            return np.empty(numel, dtype=dtype)
+        nbytes = numel * np.dtype(dtype).itemsize
+        held = self.scratches.get(key)
+        if held is None or held.nbytes < nbytes:
+            held = self.scratches[key] = xp.empty(nbytes, dtype=np.uint8)
+        return held[:nbytes].view(dtype)
+
     def reduce_scatter_add(self, send, total) -> None:
         """Add this rank's block of the sum of ``send`` over ranks into ``total`` (blocking; a ``reduce_scatter``)."""
-        block = array_module(total).empty_like(total)
+        block = self.scratch(array_module(total), total.size, total.dtype, "round sum")
         self.reduce_scatter(send, block)
         total += block
 

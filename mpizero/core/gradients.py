@@ -79,7 +79,7 @@ class GroupGradients:
         self.waiting: Waiting | None = None
         self.spill = None  # on a device with the exact reduction: the group's spill (``group_encode.Spill``)
         self.spilling = True  # False in a pass run again to hold what an overflowed spill could not
-        self.sum_buffer = None  # on a device at one rank: the streamed sum's buffer, kept between steps
+        self.device_buffers: dict = {}  # on a device: the step's buffers, kept between steps (``_made_once``)
         self.deferred = None  # the step's sum and divisors, where the update decodes (``defers_decode``)
         self.rounds_waiting = False  # the one waiting is a round's: it is summed over ranks, not into local grads
         self.accumulated, self.rounds_reduced, self.decoded = False, 0, False  # this step's progress
@@ -253,7 +253,7 @@ class GroupGradients:
         if on_arena:
             buffer = collectives.shared_buffer(padded, wire)
         else:
-            buffer = self.xp.empty(padded, dtype=narrow or wire)
+            buffer = collectives.scratch(self.xp, padded, narrow or wire, "round")
         found = []
         if present:
             found = self._encode(reduction, buffer, present, predictions, True)
@@ -261,9 +261,9 @@ class GroupGradients:
             buffer[...] = 0
         first = self.reduced is None
         if first:
-            self.reduced = self.xp.empty(self.owned_numel, dtype=wire)
+            self.reduced = self._made_once("sum", self.owned_numel, wire)
         if narrow is not None:
-            blocks = self.xp.empty_like(buffer)
+            blocks = collectives.scratch(self.xp, buffer.size, buffer.dtype, "round blocks")
             collectives.alltoall(buffer, blocks, counted_as="reduce_scatter")
             reduction.widen(blocks.reshape(-1, self.owned_numel), self.reduced, first)
         elif first:
@@ -275,24 +275,25 @@ class GroupGradients:
     def _encode_alone(self, reduction, present: list, predictions) -> list:
         """One rank's round: its contributions encoded into the streamed sum itself (its whole padded range), no
         round buffer and no collective; the same integers as a round buffer reduce-scattered over one rank. On a
-        device the sum's buffer is made once (``sum_buffer``)."""
+        device the sum's buffer is made once (``_made_once``)."""
         first = self.reduced is None
         if first:
-            self.reduced = self._sum_buffer(reduction.wire_dtype)
+            self.reduced = self._made_once("sum", self.owned_numel, reduction.wire_dtype)
         if present:
             return self._encode(reduction, self.reduced, present, predictions, first)
         if first:
             self.reduced[...] = 0
         return []
 
-    def _sum_buffer(self, wire):
-        """A buffer for the streamed sum over the owned range: on a device the one kept between steps (made at the
-        first), so that no step allocates it; on the host a new one (freed with the step)."""
+    def _made_once(self, role: str, numel: int, dtype):
+        """A buffer of this group's step (``role``: the streamed sum, or a reduction's result): on a device the one
+        kept between steps (made at the first), so that no step allocates it; on the host a new one (freed with
+        the step)."""
         if self.xp is np:
-            return np.empty(self.owned_numel, dtype=wire)
-        if self.sum_buffer is None:
-            self.sum_buffer = self.xp.empty(self.owned_numel, dtype=wire)
-        return self.sum_buffer
+            return np.empty(numel, dtype=dtype)
+        if role not in self.device_buffers:
+            self.device_buffers[role] = self.xp.empty(numel, dtype=dtype)
+        return self.device_buffers[role]
 
     def _keep(self, grads, predictions, outside, keep: Keep, measure: bool) -> None:
         """Hold the arrays whose elements the stream left out (only those elements are encoded from them later);
@@ -332,7 +333,7 @@ class GroupGradients:
         if not self.accumulated:
             local[...] = 0
         alone = collectives.alone and not self._on_arena(collectives)  # one rank's sum is its own: no copy
-        result = local if alone else self.xp.empty(self._averaged_numel, dtype=wire)
+        result = local if alone else self._made_once("result", self._averaged_numel, wire)
         self.pending_reduce = self._collective(collectives, local, result, blocking)
         self.pending_result = result
 
@@ -430,8 +431,9 @@ class GroupGradients:
     def comm_bytes(self) -> int:
         """Bytes of this step's gradient buffers (an owner sums accumulator is the communicator's: not counted), and
         of the spill and its device stats, made once."""
+        made_once = list(self.device_buffers.values())
         private = None if self.sums is not None and self.reduced is self.sums.own else self.reduced
-        private = None if private is self.sum_buffer or private is self.local_grads else private
-        made_once = sum(0 if b is None else b.nbytes for b in (self.spill, self.sum_buffer))
-        result = None if self.pending_result is self.local_grads else self.pending_result
-        return made_once + sum(0 if b is None else b.nbytes for b in (self.local_grads, private, result))
+        private = None if any(private is b for b in (self.local_grads, *made_once)) else private
+        result = None if any(self.pending_result is b for b in (self.local_grads, *made_once)) else self.pending_result
+        kept = sum(0 if b is None else b.nbytes for b in (self.spill, *made_once))
+        return kept + sum(0 if b is None else b.nbytes for b in (self.local_grads, private, result))

@@ -1,5 +1,5 @@
 """Every CUDA source the engine hands CuPy compiles, with NVRTC and no GPU: the group encode in each form, the spill's
-encode, the fingerprints, the segments' decode and each optimizer's update with the decode inside it.
+encode, the fingerprints, the segments' decode and rescale, and each optimizer's update with the decode inside it.
 
 NVRTC comes from the ``kernels`` extra (``nvidia-cuda-nvrtc-cu12``; ``.ci/run`` installs it). A
 ``cupy.ElementwiseKernel`` body is compiled inside a wrapper written here the way CuPy's wraps one (arrays indexed
@@ -94,6 +94,11 @@ def elementwise_sources() -> list[tuple[str, str]]:
         inputs = ", ".join(filter(None, ["int64 total", arithmetic.segment_params(count)]))
         body = f"{arithmetic.segment_pick(count)} {arithmetic.decoded_statement('out')}"
         sources.append((f"segments decode {count}", elementwise(inputs, "float32 out", body, ("total",))))
+    for count in (1, arithmetic.MAX_SEGMENTS):
+        body = arithmetic.rescaled_statement(count, "total")
+        sources.append(
+            (f"segments rescale {count}", elementwise(arithmetic.rescale_params(count), "int64 total", body, ()))
+        )
     rules = [
         (AdamRule, AdamHyper(lr=1e-3, weight_decay=0.1, decoupled_weight_decay=True), ["exp_avg", "exp_avg_sq"]),
         (SGDRule, SGDHyper(lr=0.1, momentum=0.9), ["momentum_buffer"]),

@@ -1,5 +1,6 @@
 """A group's device kernels on the stand-in against the host's per-tensor kernels, byte for byte: the encode with
-its maxima, counts and spill (``group_encode``), and the decode of every segment in one launch (``arithmetic``)."""
+its maxima, counts and spill (``group_encode``), the decode of every segment in one launch (``arithmetic``) and
+their rescale (``exact``)."""
 
 import math
 
@@ -108,3 +109,58 @@ def test_the_decode_of_every_segment_in_one_launch_gives_each_tensors_bytes_and_
     arithmetic.device_decode_segments(standin, on_device, bounds, out)
     assert launches() - before == max(1, -(-segments // arithmetic.MAX_SEGMENTS))
     assert to_host(out).tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("segments", [0, 3, 40])  # 40: two launches of 32 and 8 (if they all move)
+def test_the_rescale_of_every_segment_in_one_launch_gives_each_tensors_bytes(segments):
+    """A step whose chosen scales differ from the prediction brings each segment's sum to its scale: one launch a
+    group (``exact.rescale_segments``), not the eight array operations of ``exact.rescale`` a tensor."""
+    rng = np.random.default_rng(segments)
+    bounds, position = [], 3
+    for _ in range(segments):
+        size = int(rng.integers(1, 9))
+        bounds.append((position, position + size, int(rng.choice([0, 1, 2, 13, 40, 63, 64, 70]))))
+        position += size + int(rng.integers(0, 2))
+    total = rng.integers(-(2**62), 2**62, position + 4).astype(np.int64)
+    expected = total.copy()
+    for lo, hi, shift in bounds:
+        exact.rescale(expected[lo:hi], shift)
+    on_device = standin.asarray(total)
+    before = launches()
+    exact.rescale_segments(on_device, bounds)
+    moved = sum(shift > 0 for _, _, shift in bounds)
+    assert launches() - before == -(-moved // arithmetic.MAX_SEGMENTS)
+    assert to_host(on_device).tobytes() == expected.tobytes()
+
+
+def test_the_cuda_rescale_formula_is_the_hosts_bit_for_bit(tmp_path):
+    """The rescale's C statement (``arithmetic.rescaled_statement``, what the device kernel runs), compiled by the
+    host's C compiler, gives ``exact.rescale``'s integers at every shift: ties either way, negatives, the
+    extremes (NVRTC compiles the same statement in ``test_cuda_sources.py``)."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler on this machine")
+    source = tmp_path / "rescale.c"
+    body = arithmetic.rescaled_statement(1, "t")
+    source.write_text(
+        "void run(long long* total, long long n, long long lo0, long long hi0, long long s0) {\n"
+        f"  for (long long i = 0; i < n; i++) {{ long long t = total[i]; {body} total[i] = t; }}\n}}\n"
+    )
+    library = tmp_path / "rescale.so"
+    subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    run = ctypes.CDLL(str(library)).run
+    rng = np.random.default_rng(0)
+    for shift in range(0, 71):
+        half = 1 << max(shift - 1, 0)
+        values = [0, 1, -1, 2**62, -(2**62), half, -half, 3 * half, -3 * half, half + 1, -half - 1]
+        values += rng.integers(-(2**62), 2**62, 200).tolist()
+        total = np.array([v for v in values if -(2**63) <= v < 2**63], dtype=np.int64)
+        expected = total.copy()
+        exact.rescale(expected, shift)
+        args = (ctypes.c_longlong(v) for v in (total.size, 0, total.size, shift))
+        run(total.ctypes.data_as(ctypes.POINTER(ctypes.c_longlong)), *args)
+        assert total.tolist() == expected.tolist(), shift

@@ -260,6 +260,22 @@ def decoded_statement(target: str) -> str:
     return f"{target} = inside ? {decode(C_OPS, 'total', 'divisor')} : 0.0f;"
 
 
+def rescale_params(count: int) -> str:
+    """The kernel parameters of ``count`` segments of a rescale (``lo``, ``hi``, ``s``: the shift)."""
+    return ", ".join(f"int64 lo{s}, int64 hi{s}, int64 s{s}" for s in range(count))
+
+
+def rescaled_statement(count: int, target: str) -> str:
+    """C statements dividing element ``i`` of the int64 ``target`` by ``2**shift`` in place, ``shift`` its
+    segment's (0 outside every one), rounding half to even: ``exact.rescale``'s formula."""
+    pick = " else ".join(f"if (i >= lo{s} && i < hi{s}) shift = s{s};" for s in range(count))
+    return (
+        f"long long shift = 0; {pick} if (shift >= 64) {{ {target} = 0; }} else if (shift > 0) {{ "
+        f"long long f = {target} >> shift; long long r = {target} - (long long)((unsigned long long)f << shift); "
+        f"long long h = 1LL << (shift - 1); {target} = f + ((r > h || (r == h && (f & 1))) ? 1 : 0); }}"
+    )
+
+
 @dataclass(frozen=True)
 class Decoding:
     """An int64 sum still to decode and its segments' ``(lo, hi, divisor)``: what a device's update decodes as it

@@ -16,11 +16,12 @@ is at most 2**-(k + 1), that is below ``max_abs * 2**(ceil(log2 count) - 62)``.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
-from mpizero.arrays import CHUNK, array_module, read_back
+from mpizero.arrays import CHUNK, array_module, is_standin, read_back
 from mpizero.core.reduce import arithmetic, kernels
 
 SUM_BITS = 62
@@ -79,6 +80,40 @@ def rescale(total, shift: int) -> None:
     half = np.int64(1) << np.int64(shift - 1)
     up = (remainder > half) | ((remainder == half) & (floor & 1 == 1))
     total[...] = floor + up
+
+
+def rescale_segments(total, segments) -> None:
+    """``rescale`` each segment ``(lo, hi, shift)`` of ``total`` (sorted by ``lo``); on a device in one launch per
+    ``arithmetic.MAX_SEGMENTS`` segments that move (a step whose chosen scales differ from the prediction)."""
+    moved = [segment for segment in segments if segment[2] > 0]
+    xp = array_module(total)
+    if xp is np:
+        for lo, hi, shift in moved:
+            rescale(total[lo:hi], shift)
+        return
+    for first in range(0, len(moved), arithmetic.MAX_SEGMENTS):
+        part = moved[first : first + arithmetic.MAX_SEGMENTS]
+        start, stop = part[0][0], part[-1][1]
+        _rescale_kernel(xp, len(part))(total[start:stop], [(lo - start, hi - start, s) for lo, hi, s in part])
+
+
+@functools.cache
+def _rescale_kernel(cupy, count: int):
+    """``launch(total, segments)`` for ``count`` segments: CuPy's kernel, or ``rescale`` on the stand-in."""
+    if is_standin(cupy):  # the segments bound to each launch, as CuPy passes scalars by value
+        return lambda total, segments: cupy.kernel(functools.partial(_rescaled_parts, segments), "", "int64 total")(
+            total
+        )
+    kernel = cupy.ElementwiseKernel(
+        arithmetic.rescale_params(count), "int64 total", arithmetic.rescaled_statement(count, "total"), "mz_rescale"
+    )
+    return lambda total, segments: kernel(*(np.int64(v) for segment in segments for v in segment), total)
+
+
+def _rescaled_parts(segments, total) -> None:
+    """The stand-in's rescale kernel: ``rescale`` of each segment of the memory underneath."""
+    for lo, hi, shift in segments:
+        rescale(total[lo:hi], shift)
 
 
 def decode(total, k: int, count: int, out, compiled: bool = True) -> None:

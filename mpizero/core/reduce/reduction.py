@@ -104,8 +104,7 @@ class ExactReduction:
 
     def rescale(self, reduced, segments, shifts) -> None:
         """Bring each owned segment of the streamed sum from its predicted scale to its chosen one."""
-        for index, lo, hi in segments:
-            exact.rescale(reduced[lo:hi], shifts[index])
+        exact.rescale_segments(reduced, [(lo, hi, shifts[index]) for index, lo, hi in segments])
 
     def widen(self, blocks, total, assign: bool) -> None:
         """Sum every rank's block of one round's rounded values (float32 rows of ``blocks``) into the int64
