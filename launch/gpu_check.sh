@@ -30,6 +30,7 @@
 # installed into $TMPDIR/gpu_check-site (/tmp/...) in that Python's own layout (lib/pythonX.Y/site-packages, or
 # Debian's local/lib/pythonX.Y/dist-packages).
 # GPU_CHECK_AGAINST_RANKS (default "4 3 1"): the -n of the bitwise part's MLP comparisons with the CPU.
+# GPU_CHECK_VERIFY_RANKS (default "2 4 3 1"): the -n of the bitwise part's verify runs (each model and precision).
 # GPU_CHECK_USERS (default: all eight): the torch users' models (tests/torch_bridge/torch_users.py) the bitwise part
 # trains on the device at -n 2 and 1, one digest per model at every stage and -n (the device's own, not the CPU's).
 # Rehearse on a CPU machine with GPU_CHECK_DEVICE=standin: the same commands through the device code paths, on the
@@ -266,7 +267,7 @@ if wants bitwise; then
     aware_settings="0 1"
   fi
   for aware in $aware_settings; do
-    for n in 2 4 3 1; do  # more ranks move more: -n 1 moves nothing, so it comes last
+    for n in ${GPU_CHECK_VERIFY_RANKS:-2 4 3 1}; do  # more ranks move more: -n 1 moves nothing, so it comes last
       for precision in fp32 fp16; do
         for model in mlp transformer; do
           verify "$aware" "$n" "$model" "$precision"

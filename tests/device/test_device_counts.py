@@ -46,19 +46,17 @@ def test_a_step_at_one_rank_meets_the_device_targets_at_every_stage(counted, mod
         assert syncs == 1 and allocations == 0 and mpi_calls == 0, (stage, stages[stage])
 
 
-def test_the_counts_do_not_depend_on_the_width():
-    lines = []
-    for width in ("16", "48"):
-        done = subprocess.run(
-            [sys.executable, str(BENCH), "--models", "mlp", "--stages", "3", "--width", width],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr
-        lines.append([line for line in done.stdout.splitlines() if LINE.fullmatch(line)])
-    assert lines[0] == lines[1] and len(lines[0]) == 1
+def test_the_counts_do_not_depend_on_the_width(counted):
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--models", "mlp", "--stages", "3", "--width", "48"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [LINE.fullmatch(line) for line in done.stdout.splitlines() if LINE.fullmatch(line)]
+    assert [tuple(float(n) for n in m.groups()[1:]) for m in lines] == [counted["mlp"][1][3]]  # as at width 32
 
 
 def test_a_step_at_two_ranks_allocates_nothing_on_the_device_after_the_first():
