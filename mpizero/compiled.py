@@ -66,11 +66,16 @@ def kernel_library(stem: str, source: str) -> tuple[ctypes.CDLL | None, str]:
     return library, f"compiled ({why})" if library is not None else f"numpy ({why})"
 
 
+REFUSED: list[str] = []  # each kernel this process compiled and did not use, and why (``self_tested``)
+
+
 def self_tested(library: ctypes.CDLL, stem: str, problem: str | None) -> ctypes.CDLL | None:
     """``library``, or None where its self-test found ``problem`` (its bits differ from NumPy's formula on the
-    probe values): then a warning names the compiler and flags, and the caller evaluates with NumPy."""
+    probe values): then a warning names the compiler and flags, the kernel is noted in ``REFUSED`` (``verify``
+    fails on it), and the caller evaluates with NumPy."""
     if problem is None:
         return library
+    REFUSED.append(f"{stem} ({problem})")
     compiler = _compiler()
     _warn_once(
         f"mpizero: the compiled {stem} kernel ({compiler} {' '.join(FLAGS)}) gives other bits than NumPy's formula "

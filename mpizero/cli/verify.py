@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+from mpizero import compiled
 from mpizero.arrays import device_module, to_device, to_host
 from mpizero.cli import against, options
 from mpizero.cli.bitwise import Mismatch, first_difference
@@ -27,7 +28,7 @@ from mpizero.cli.verify_runs import (
     numerics,
     synthetic_batch,
 )
-from mpizero.comm.paths import CommPaths
+from mpizero.comm.paths import CommPaths, asking_for
 from mpizero.core.held import on_host
 from mpizero.core.memory import format_bytes
 from mpizero.core.optim.oracle import DocumentedOptimizer
@@ -77,6 +78,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--perturb-rank", type=int, default=None, help=argparse.SUPPRESS)
     options.add(parser, "watchdog")
     options.add(parser, "scale_headroom")
+    parser.add_argument(
+        "--paths",
+        choices=["auto", "all"],
+        default="auto",
+        help="auto: the reduce-scatter path the environment picks (MPIZERO_REDUCE_SCATTER); all: that one, then "
+        "every other this job can take (node-shared, pieces, one MPI call: the float32 rounds of the last two), "
+        "each verified",
+    )
 
 
 def check(args, world_size: int) -> None:
@@ -86,6 +95,8 @@ def check(args, world_size: int) -> None:
         problems.append("--against cpu compares a device with the host: give --device gpu or standin")
     if args.against and args.reduction != "exact":
         problems.append(f"--against cpu needs --reduction exact: {args.reduction} sums differ between paths")
+    if args.against and args.paths == "all":
+        problems.append("--against cpu compares the device with the host on one path: give it without --paths all")
     if args.perturb_rank is not None and not 0 <= args.perturb_rank < world_size:
         problems.append(f"--perturb-rank {args.perturb_rank} is not a rank of the {world_size} ranks")
     options.raise_problems(problems)
@@ -116,16 +127,24 @@ def run(args, comm) -> int:
     for name in precisions(args):
         for stage in stages:
             line, ok, paths = verify_stage(stage, with_precision(args, name), comm)
+            lines = [line]
+            others = [p for p in paths.runnable() if p != paths.reduce_scatter] if args.paths == "all" else []
+            for path in others:  # the same list on every rank: the paths are agreed
+                with asking_for(path):
+                    other, other_ok, _ = verify_stage(stage, with_precision(args, name), comm, path)
+                lines.append(other)
+                ok &= other_ok
             failed |= not ok
             if comm.Get_rank() == 0:
                 if stage == stages[0] and name == precisions(args)[0]:
                     print(paths.describe(), flush=True)
-                print(line, flush=True)
+                print("\n".join(lines), flush=True)
     return 1 if failed else 0
 
 
-def verify_stage(stage: int, args, comm) -> tuple[str, bool, CommPaths]:
-    """Train ``args.steps`` steps at ``stage``; return rank 0's line, whether every check passed, and its paths."""
+def verify_stage(stage: int, args, comm, path: str | None = None) -> tuple[str, bool, CommPaths]:
+    """Train ``args.steps`` steps at ``stage``; return rank 0's line, whether every check passed, and its paths.
+    ``path``: the reduce-scatter path asked for, named in the line (None: the environment's, not named)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     model = build_model(args.model)
     xp = device_module(args.device)
@@ -153,14 +172,18 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool, CommPaths]:
         else:
             worst = max(worst, relative_difference(engine, reference))
         semantics.note(step, semantics_difference(engine, documented.params))
+    via = "" if path is None else f"  reduce-scatter {path}"
     head = (
-        f"stage {stage}  ranks {size}  steps {args.steps}  model {args.model}  optimizer {args.optimizer}  "
+        f"stage {stage}{via}  ranks {size}  steps {args.steps}  model {args.model}  optimizer {args.optimizer}  "
         f"{args.precision}  reduction {args.reduction}  {accounting(engine)}  redone {engine.redone_steps}  "
         f"kept {engine.scales.kept_steps}:"
     )
     reference_line, reference_ok = reference_verdict(engine, worst, first_mismatch)
     semantics_line, semantics_ok = semantics.verdict(engine.collectives, documented.name)
     line, ok = f"{head} {reference_line}; {semantics_line}", reference_ok and semantics_ok
+    refused = kernels_refused(engine.collectives)
+    if refused:
+        line, ok = f"{line}; compiled kernels NOT USED, NumPy evaluated them instead: {'; '.join(refused)}", False
     if gradients is not None:
         verdict, detail, gradients_ok = gradients.agreed(engine.collectives)
         line, ok = (
@@ -168,6 +191,14 @@ def verify_stage(stage: int, args, comm) -> tuple[str, bool, CommPaths]:
             ok and gradients_ok,
         )
     return line, ok, engine.collectives.paths
+
+
+def kernels_refused(collectives) -> list[str]:
+    """Every compiled kernel a rank found giving other bits than NumPy's formula at first load, and why
+    (``compiled.REFUSED``): the run's bits are right, by NumPy, but the machine's compiler is not to be trusted
+    (collective)."""
+    everyone = collectives.allgather_object(list(compiled.REFUSED), "the compiled kernels not used")
+    return sorted({f"rank {rank}: {what}" for rank, found in enumerate(everyone) for what in found})
 
 
 def build_runs(stage: int, args, comm, model, precision):

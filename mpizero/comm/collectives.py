@@ -128,7 +128,7 @@ class Collectives:
         device = ("cuda-aware" if cuda_aware.cuda_aware() else requested_staging(os.environ)) if on_device else "host"
         library = " ".join(MPI.Get_library_version().splitlines()[0].split())
         path = paths.settle_reduce_scatter(requested, len(per_node), on_device, per_node)
-        return paths.CommPaths(path, device, len(per_node), library)
+        return paths.CommPaths(path, device, len(per_node), library, per_node)
 
     @property
     def shared(self) -> bool:

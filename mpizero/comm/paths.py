@@ -20,6 +20,7 @@ collectives and hang, so the choice is part of what ranks agree on at set-up.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass, replace
@@ -40,6 +41,7 @@ class CommPaths:
     device: str
     nodes: int
     mpi_library: str
+    ranks_per_node: tuple[int, ...] = ()
 
     @property
     def pieces_from_bytes(self) -> float:
@@ -55,10 +57,37 @@ class CommPaths:
         """The same paths with the shared-memory (or two-level) reduce-scatter replaced by MPI."""
         return replace(self, reduce_scatter="mpi+pieces")
 
+    def runnable(self) -> list[str]:
+        """Every reduce-scatter path these ranks can be asked to take (``verify --paths all``): node-shared or two
+        levels where they apply, pieces, one MPI call a buffer."""
+        found = []
+        for choice in CHOICES[1:]:
+            try:
+                settle_reduce_scatter(choice, self.nodes, self.device != "host", self.ranks_per_node)
+            except ZeroError:
+                continue
+            found.append(choice)
+        return found
+
     def describe(self) -> str:
         """One line for a job's header."""
         nodes = f"{self.nodes} node{'s' if self.nodes > 1 else ''}"
         return f"reduce-scatter {self.reduce_scatter}, {self.device} buffers, {nodes}, MPI: {self.mpi_library}"
+
+
+@contextlib.contextmanager
+def asking_for(path: str):
+    """Engines built inside take the reduce-scatter ``path`` (as ``MPIZERO_REDUCE_SCATTER`` asks), on every rank
+    that enters alike."""
+    before = os.environ.get(ENV_VAR)
+    os.environ[ENV_VAR] = path
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[ENV_VAR]
+        else:
+            os.environ[ENV_VAR] = before
 
 
 def requested_reduce_scatter(environ=os.environ) -> str:

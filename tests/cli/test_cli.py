@@ -45,11 +45,17 @@ def test_example_other_stages(stage):
     + [(3, "lion"), (4, "lion"), (2, "muon"), (4, "muon")],
 )
 def test_verify_is_bitwise_at_every_stage(n, optimizer):
-    out = run_mpi_ok(n, ["-m", "mpizero", "verify", "--optimizer", optimizer, "--micro-batches", "5"])
+    """At 3 ranks with Adam on every reduce-scatter path this host can take (``--paths all``): node-shared, then
+    pieces and one MPI call a buffer, whose stage 2-3 rounds travel as float32 and are widened by their owner."""
+    every_path = (n, optimizer) == (3, "adam")
+    paths = ["--paths", "all"] if every_path else []
+    out = run_mpi_ok(n, ["-m", "mpizero", "verify", "--optimizer", optimizer, "--micro-batches", "5", *paths])
     lines = [line for line in out.splitlines() if line.startswith("stage ")]
-    assert len(lines) == 4
-    for stage, line in enumerate(lines):
-        assert line.startswith(f"stage {stage}  ranks {n}") and ": bitwise; optimizer semantics within" in line, line
+    vias = ["", "  reduce-scatter pieces", "  reduce-scatter mpi"] if every_path else [""]
+    assert len(lines) == 4 * len(vias), out
+    for (stage, via), line in zip([(s, v) for s in range(4) for v in vias], lines):
+        assert line.startswith(f"stage {stage}{via}  ranks {n}"), line
+        assert ": bitwise; optimizer semantics within" in line, line
         assert "reduction exact" in line and "held/rank" in line and "sent/step" in line
 
 

@@ -81,6 +81,16 @@ def test_edits_are_refused_or_dropped_alike_at_every_stage_and_rank(n):
     said = outcome[3, "edit in forward"]
     assert said.startswith(f"refused: step 2: {every}parameters '0.weight' were edited in place during a forward"), said
     assert said.endswith("; again: refused; after a load: done"), said
+    # kept gathered (keep_gathered=True), rank 0's edit in a forward: a new .data is caught by the kept groups'
+    # check (Binder.drop_kept_gathered) on that rank; an edit of the bytes, read in place on one host, reached
+    # every rank's masters
+    said = outcome[3, "kept gathered, new .data edit"]
+    assert said.startswith("refused: step 1: rank 0: one or more of the parameters '2.bias', '2.weight' changed"), said
+    assert "while stage 3 kept them gathered" in said and said.endswith("then as without the edit: True"), said
+    for how in ("counted", "uncounted"):
+        said = outcome[3, f"kept gathered, {how} edit"]
+        assert said.startswith(f"refused: step 1: {every}parameters '2.bias', '2.weight' were edited in place"), said
+        assert said.endswith("then as without the edit: True"), said
 
 
 def assert_edits_in_order(stage: int, outcome: dict, every: str) -> None:

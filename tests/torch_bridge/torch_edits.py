@@ -401,7 +401,42 @@ def edit_in_forward() -> str:
     return result + "; after a load: " + outcome(lambda: train_step(model, zero, 2))
 
 
+def edit_kept_gathered(how: str) -> str:
+    """Stage 3 keeping params gathered (``keep_gathered=True``): rank 0 alone edits them in its first pass's forward
+    (``KEPT_EDITS``), so its second pass runs with the edit and the other ranks' without it: the step is refused,
+    naming the parameter; then a step as without the edit once ``gathered()`` (or, read in place, a load) shows
+    the masters again."""
+    model, plain = make("mlp"), make("mlp")
+    zero = shard(model, mpizero.SGD(lr=0.1), comm=comm, stage=3, keep_gathered=True)
+    zero_plain = shard(plain, mpizero.SGD(lr=0.1), comm=comm, stage=3, keep_gathered=True)
+    saved = zero.state_dict(all_ranks=True)
+
+    def on_rank_0(module, args) -> None:
+        if comm.rank == 0:
+            with torch.no_grad():
+                KEPT_EDITS[how](module.weight)
+
+    hook = model[2].register_forward_pre_hook(on_rank_0)
+    x, y = batch("mlp", 0, comm.rank)
+    loss("mlp", model(x), y).backward()
+    hook.remove()
+    loss("mlp", model(x), y).backward()  # with the edit on rank 0, unless read in place
+    result = outcome(zero.step)
+    zero.zero_grad()
+    zero.load_state_dict(saved)
+    for m, z in ((model, zero), (plain, zero_plain)):
+        train_step(m, z, 1)
+    return f"{result}; then as without the edit: {masters_digest(zero) == masters_digest(zero_plain)}"
+
+
+KEPT_EDITS = {
+    "new .data": lambda p: setattr(p, "data", p.data * 2.0),
+    "counted": lambda p: p.data.mul_(2.0),
+    "uncounted": lambda p: p.detach().numpy().__imul__(2.0),
+}
+
 outcomes = [f"stage 3 edit in forward: {edit_in_forward()}"]
+outcomes += [f"stage 3 kept gathered, {how} edit: {edit_kept_gathered(how)}" for how in KEPT_EDITS]
 for stage in range(4):
     for name in BETWEEN_STEPS:
         outcomes.append(f"stage {stage} {name}: {between_steps(stage, name)}")
