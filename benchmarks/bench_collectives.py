@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from mpizero.comm.collectives import Collectives
 from mpizero.comm.paths import ENV_VAR
-from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
+from mpizero.comm.transports.pieces import reduce_scatter_in_pieces
 from mpizero.core.layout import FlatLayout
 from mpizero.core.reduce.reduction import REDUCTIONS
 from mpizero.core.reduce.scales import HEADROOM

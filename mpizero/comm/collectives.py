@@ -16,14 +16,10 @@ length on every rank, and every rank makes the same calls in the same order.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import pickle
 import sys
-import time
-from collections import Counter
-from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
@@ -34,67 +30,16 @@ from mpizero.comm.hierarchical import TwoLevel
 from mpizero.comm.job import identity
 from mpizero.comm.job.ranks import world_ranks
 from mpizero.comm.job.watchdog import Watchdog
-from mpizero.comm.paths import inter_node_bytes
 from mpizero.comm.pending import Pending
 from mpizero.comm.shared import NodeBlocks, OwnerSums, SharedArena, address_space_limit, window_room_problem
-from mpizero.comm.transports import STAGING_ENV_VAR, Router, requested_staging
+from mpizero.comm.traffic import Traffic
+from mpizero.comm.transports import STAGING_ENV_VAR, Router, device_path
 
 # The most node-shared windows one ``node_blocks`` call makes (one a group): MPICH holds about 2,040 windows a process
 # (measured: stage 0, an arena and a grads window a group, failed at 1,100 groups), and stage 0 keeps an arena a group
 # besides; past it each rank keeps its own buffers, as off one host.
 MAX_BLOCK_WINDOWS = 512
 WIRE_VIEWS = {"bfloat16": np.uint16, "float16": np.uint16}
-
-
-@dataclass
-class Traffic:
-    """Per collective: calls, bytes this rank sent and received (ring/recursive algorithms), and seconds inside.
-
-    ``inter_node``: of the bytes sent, those sent to ranks on other nodes (``paths.inter_node_bytes``);
-    counted for array collectives, not for ``agreement`` (control messages of a few bytes).
-    """
-
-    calls: Counter = field(default_factory=Counter)
-    sent: Counter = field(default_factory=Counter)
-    received: Counter = field(default_factory=Counter)
-    seconds: Counter = field(default_factory=Counter)  # wall time blocked in the call (or its wait), not overlapped
-    inter_node: Counter = field(default_factory=Counter)
-    staged: Counter = field(default_factory=Counter)  # bytes copied between device and host, both ways
-
-    def record(self, op: str, full_bytes: int, world_size: int, nodes: int = 1, two_level: bool = False) -> None:
-        """Count one call on a full (unsharded) buffer of ``full_bytes`` over ``nodes`` nodes."""
-        factor = 2 if op == "allreduce" else 1
-        moved = factor * full_bytes * (world_size - 1) // world_size
-        self.calls[op] += 1
-        self.sent[op] += moved
-        self.received[op] += moved
-        self.inter_node[op] += inter_node_bytes(full_bytes, world_size, nodes, two_level, factor)
-
-    def intra_node(self, op: str) -> int:
-        """Bytes of ``op`` this rank sent to ranks on its own node."""
-        return self.sent[op] - self.inter_node[op]
-
-    def record_control(self, payload: int, received: int) -> None:
-        """Count one small control call (``agreement``): the payload this rank hands in, and what it gets back.
-
-        A reduction or broadcast gets back one payload whatever the number of ranks; a gather gets every rank's.
-        """
-        self.calls["agreement"] += 1
-        self.sent["agreement"] += payload
-        self.received["agreement"] += received
-
-    @contextlib.contextmanager
-    def timed(self, op: str):
-        """Add the wall time of the ``with`` body to ``seconds[op]``."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[op] += time.perf_counter() - start
-
-    def clear(self) -> None:
-        for counter in (self.calls, self.sent, self.received, self.seconds, self.inter_node, self.staged):
-            counter.clear()
 
 
 class Collectives:
@@ -125,7 +70,7 @@ class Collectives:
         sizes = self.allgather_object(self.node.Get_size() if leader else 0, "the ranks per node")
         per_node = tuple(n for n in sizes if n)
         requested = paths.requested_reduce_scatter()
-        device = ("cuda-aware" if cuda_aware.cuda_aware() else requested_staging(os.environ)) if on_device else "host"
+        device = device_path(on_device)
         library = " ".join(MPI.Get_library_version().splitlines()[0].split())
         path = paths.settle_reduce_scatter(requested, len(per_node), on_device, per_node)
         return paths.CommPaths(path, device, len(per_node), library, per_node)

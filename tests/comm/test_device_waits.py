@@ -12,9 +12,9 @@ import pytest
 from mpi4py import MPI
 
 from mpizero import standin
-from mpizero.comm.staging import CupyCopies
 from mpizero.comm.transports.mpi import CudaAwareMPI, HostMPI
 from mpizero.comm.transports.staged import PinnedStaging
+from mpizero.comm.transports.staging import CupyCopies
 from mpizero.standin import late
 
 VALUES = np.arange(1, 40, dtype=np.int64) * 3  # 39 int64s: five chunks of 8 (the last one short)

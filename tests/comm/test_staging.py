@@ -1,4 +1,4 @@
-"""Chunked staging (comm/staging.py) on the CPU: the same bytes arrive whatever the chunk boundaries.
+"""Chunked staging (comm/transports/staging.py) on the CPU: the same bytes arrive whatever the chunk boundaries.
 
 Each collective is emulated in one process as if rank q held ``send + q``, so a chunk that lands in the
 wrong block or columns changes the result. The MPI runs are in tests/comm/check_transport.py.
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpizero import standin
-from mpizero.comm.staging import PlainCopies, blocks_of, chunk_columns, staged_in_chunks
+from mpizero.comm.transports.staging import PlainCopies, blocks_of, chunk_columns, staged_in_chunks
 
 ODD_CHUNKS = [8, 17 * 8, 257 * 8, 1 << 22]  # bytes: one int64, 17 and 257 of them, the default
 

@@ -21,7 +21,7 @@ from mpizero import SGD, Adam, Reference, ZeroEngine, split_evenly, standin
 from mpizero.comm import collectives
 from mpizero.comm.collectives import Collectives
 from mpizero.comm.cuda_aware import cuda_aware
-from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
+from mpizero.comm.transports.pieces import reduce_scatter_in_pieces
 from mpizero.training.mlp import MLP, regression_batch
 from mpizero.training.model import forward_backward
 

@@ -19,7 +19,7 @@ from cluster.nodes import NETNS_DIR, cluster_or_skip, kill_session, nodes
 from mpirun import ROOT, rank_pids, run_mpi_ok
 
 from mpizero.comm import paths
-from mpizero.comm.collectives import Traffic
+from mpizero.comm.traffic import Traffic
 from mpizero.core import formulas
 from mpizero.errors import ZeroError
 

@@ -13,12 +13,14 @@ every call and asks ``Router.route`` which transport moves it:
 - ``Arena``, ``TwoLevelArena`` (``arena.py``): host buffers summed straight out of a node-shared window, on one
   host or in two levels.
 
-Every transport moves the same bytes into ``recv``, so every choice gives the same bits. A new way (NCCL,
-say) is one new file here and one line in ``router.py``.
+Every transport moves the same bytes into ``recv``, so every choice gives the same bits. A new way for device
+buffers (NCCL, say) is one new file here and one row of ``router.DEVICE_TRANSPORTS`` (and ``device_path``, where
+it is chosen). Beside the transports: ``staging.py`` (the chunked copies the staged ones use) and ``pieces.py``
+(host reduce-scatters in cache-sized pieces, ``HostMPI``'s).
 """
 
 from mpizero.comm.transports.base import Transport
-from mpizero.comm.transports.router import Router
+from mpizero.comm.transports.router import Router, device_path
 from mpizero.comm.transports.staged import STAGING_ENV_VAR, requested_staging
 
-__all__ = ["STAGING_ENV_VAR", "Router", "Transport", "requested_staging"]
+__all__ = ["STAGING_ENV_VAR", "Router", "Transport", "device_path", "requested_staging"]

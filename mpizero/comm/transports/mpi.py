@@ -6,8 +6,8 @@ from mpi4py import MPI
 
 from mpizero.arrays import array_module
 from mpizero.comm.pending import Pending
-from mpizero.comm.reduce_scatter import reduce_scatter_in_pieces
 from mpizero.comm.transports.base import Transport
+from mpizero.comm.transports.pieces import reduce_scatter_in_pieces
 
 
 class HostMPI(Transport):

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 from mpizero.arrays import is_device_array
+from mpizero.comm import cuda_aware
 from mpizero.comm.transports.arena import Arena, TwoLevelArena
 from mpizero.comm.transports.local import Local
 from mpizero.comm.transports.mpi import CudaAwareMPI, HostMPI
-from mpizero.comm.transports.staged import PageableStaging, PinnedStaging
+from mpizero.comm.transports.staged import PageableStaging, PinnedStaging, requested_staging
 
 
 class Router:
     """Chooses the transport of each collective: at one rank ``Local``; a device buffer by the agreed device path
-    (``cuda-aware``, ``pinned`` or ``pageable``); a host buffer out of a node-shared arena by ``Arena`` (in two
-    levels where the paths say so); a host gather in two levels likewise; any other host buffer by MPI."""
+    (``DEVICE_TRANSPORTS``: ``cuda-aware``, ``pinned`` or ``pageable``); a host buffer out of a node-shared arena
+    by ``Arena`` (in two levels where the paths say so); a host gather in two levels likewise; any other host
+    buffer by MPI."""
 
     def __init__(self, comm, paths, levels) -> None:
         """``paths``: the agreed ``CommPaths`` at set-up (where host buffers go in pieces, and how device buffers
@@ -22,7 +26,7 @@ class Router:
         self.levels = levels
         self.local = Local() if comm.Get_size() == 1 else None
         self.host = HostMPI(comm, paths.pieces_from_bytes)
-        self.device = _device_transport(paths.device, comm, self.host)
+        self.device = DEVICE_TRANSPORTS[paths.device](comm, self.host)
 
     @staticmethod
     def on_host(a) -> bool:
@@ -44,11 +48,18 @@ class Router:
         return self.host
 
 
-def _device_transport(device: str, comm, host: HostMPI):
-    """How device buffers travel, by the agreed ``CommPaths.device`` (``host``: a job settled for host buffers,
-    whose stray device buffer is copied through pageable memory)."""
-    if device == "cuda-aware":
-        return CudaAwareMPI(comm)
-    if device == "pinned":
-        return PinnedStaging(host, comm.Get_rank(), comm.Get_size())
-    return PageableStaging(host)
+DEVICE_TRANSPORTS = {  # the agreed ``CommPaths.device`` -> how device buffers travel (``host``: a job settled for
+    # host buffers, whose stray device buffer is copied through pageable memory)
+    "cuda-aware": lambda comm, host: CudaAwareMPI(comm),
+    "pinned": lambda comm, host: PinnedStaging(host, comm.Get_rank(), comm.Get_size()),
+    "pageable": lambda comm, host: PageableStaging(host),
+    "host": lambda comm, host: PageableStaging(host),
+}
+
+
+def device_path(on_device: bool, environ=os.environ) -> str:
+    """The ``DEVICE_TRANSPORTS`` name this rank asks for: ``host`` for host buffers; on a device ``cuda-aware``
+    where MPI is (``cuda_aware``), else the staging ``MPIZERO_STAGING`` asks for (``pinned`` by default)."""
+    if not on_device:
+        return "host"
+    return "cuda-aware" if cuda_aware.cuda_aware() else requested_staging(environ)

@@ -6,8 +6,8 @@ import numpy as np
 
 from mpizero.arrays import array_module
 from mpizero.comm.pending import Pending
-from mpizero.comm.staging import CHUNK_BYTES, CupyCopies, PlainCopies, staged_in_chunks
 from mpizero.comm.transports.base import Transport
+from mpizero.comm.transports.staging import CHUNK_BYTES, CupyCopies, PlainCopies, staged_in_chunks
 from mpizero.errors import ZeroError
 
 STAGING_ENV_VAR = "MPIZERO_STAGING"
