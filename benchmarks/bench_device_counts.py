@@ -158,7 +158,8 @@ def main(argv=None) -> int:
             lines.append(counts.line(stage))
         shape = f"width {args.width}" if name == "mlp" else "12 blocks, from a transformers config"
         if rank == 0:
-            print(f"{name} ({shape}, {ranks} ranks), {args.micro_batches} micro-batches: {groups} groups", flush=True)
+            world = f"{ranks} rank{'s' if ranks > 1 else ''}"
+            print(f"{name} ({shape}, {world}), {args.micro_batches} micro-batches: {groups} groups", flush=True)
             for line in lines:
                 print(line, flush=True)
     return 0
