@@ -59,7 +59,10 @@ class CommPaths:
 
     def runnable(self) -> list[str]:
         """Every reduce-scatter path these ranks can be asked to take (``verify --paths all``): node-shared or two
-        levels where they apply, pieces, one MPI call a buffer."""
+        levels where they apply, pieces, one MPI call a buffer; none but the one taken on a device, whose buffers
+        travel by the device transport whatever is asked."""
+        if self.device != "host":
+            return [self.reduce_scatter]
         found = []
         for choice in CHOICES[1:]:
             try:

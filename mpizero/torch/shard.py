@@ -190,7 +190,7 @@ class ShardedModel:
     def _grad_ready(self, name: str, param: torch.nn.Parameter) -> None:
         self._backward_started()
         grad, param.grad = param.grad.contiguous(), None
-        self.grads.take(name, self.torch_stream.lend(as_array(grad)))
+        self.grads.take(name, self.torch_stream.lend(grad, as_array(grad)))
         if self.hooks is not None:
             self.hooks.grad_ready(name)
 
@@ -305,6 +305,7 @@ class ShardedModel:
             self.grad_view.guard(stepped=True)
             self.binder.refresh()
             self.edits.after_step()
+            self.torch_stream.step_over = True
             self._trim()
 
     def _step_streamed(self, closure) -> StepResult:

@@ -17,16 +17,20 @@ step's update at every stage, not only at stage 3, whose gathers enter anyway.
 
 A gradient autograd made on one stream and lent to the engine (``lend``: held past its hook, zero-copy) may be read
 on another, where the engine is entered next, and torch's caching allocator hands a freed block at once to later work
-on the stream that made it. So an entry on a stream other than one that lent gradients ends with each lending stream
-waiting for the entry's work (an event, no host wait): whatever torch queues there afterwards, on memory the entry
-freed, runs after the entry has read it. Where the engine is entered on one stream only (the common loop) nothing is
-recorded, joined or watched per gradient; autograd itself records a gradient on the stream its hook runs on.
+on the stream that made it. While the engine has been entered on one stream only (the common loop) nothing is
+recorded or watched per gradient: autograd records a gradient on the stream its hook runs on, the engine's. Once
+it has been entered on a second stream, each gradient lent from then on is recorded (``Tensor.record_stream``) on
+every stream the engine enters while it holds it; those lent before are covered by their hooks' streams, each of
+which waits, at the end of every entry on another stream until the step that reads them is over, for an event
+after that entry's work (``Entry``). A nested entry on another stream (a hook inside ``step(closure)``) ends with
+the enclosing entry's stream waiting for it, so the engine's work keeps its order.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 
 import numpy as np
 import torch
@@ -61,9 +65,13 @@ class TorchStream:
 
     def __init__(self, xp, device: torch.device) -> None:
         self.xp, self.device = xp, device
-        self.last = None  # the stream the engine was last entered on
+        self.last = None  # the stream the engine's latest work was queued on
         self.streams: dict[int, object] = {}  # CuPy's stream over each torch stream entered on, by pointer
-        self.lenders: dict[int, object] = {}  # the streams gradients were lent to the engine on, by pointer
+        self.entered: list = []  # the streams of the entries open now, innermost last
+        self.switched = False  # whether the engine has been entered on a second stream
+        self.lent: dict[int, torch.Tensor] = {}  # since ``switched``: id of an array the engine holds -> its tensor
+        self.lenders: dict[int, object] = {}  # the streams gradients were lent on before ``switched``, by pointer
+        self.step_over = False  # a step ended: its outermost entry's end lets the lenders go
 
     def __call__(self):
         if self.xp is np:
@@ -72,23 +80,49 @@ class TorchStream:
         stream = self.streams.get(ptr)
         if stream is None:
             stream = self.streams[ptr] = external_stream(self.xp, ptr)
-        self.follow(stream)
-        self.last = stream
-        others = [lender for key, lender in self.lenders.items() if key != ptr]
-        return JoinedEntry(stream, others) if others else stream
+        return Entry(self, stream)
 
     def follow(self, stream) -> None:
-        """Order ``stream``'s later work after the engine's work queued so far on the stream it was last entered on,
-        if that was another (torch's current stream: ``stream``)."""
+        """Order ``stream``'s later work after the engine's latest work, if that was queued on another stream, and
+        record every tracked lent tensor on it (torch's current stream: ``stream``)."""
         if self.last is not None and self.last.ptr != stream.ptr:
             stream.wait_event(self.last.record())
+            self.switched = True
+            for tensor in self.lent.values():
+                record_stream(tensor, self.device)
+        self.last = stream
 
-    def lend(self, array):
-        """``array`` (a zero-copy view of a tensor autograd made) as the engine may hold it past this entry: its
-        stream is one that later entries on other streams join (``JoinedEntry``). On the host: as is."""
-        if self.xp is not np and self.last.ptr not in self.lenders:
-            self.lenders[self.last.ptr] = self.last
+    def lend(self, tensor: torch.Tensor, array):
+        """``array`` (a zero-copy view of ``tensor``, which autograd made) as the engine may hold it past this entry
+        (see the module's docstring). On the host: as is."""
+        if self.xp is np:
+            return array
+        if not self.switched:
+            here = self.entered[-1]  # the hook's entry
+            self.lenders.setdefault(here.ptr, here)
+            return array
+        key = id(array)
+        self.lent[key] = tensor
+        weakref.finalize(array, self.lent.pop, key, None)
+        record_stream(tensor, self.device)  # made on another stream than this entry's: read here too
         return array
+
+    def left(self, stream) -> None:
+        """The entry on ``stream`` ends: each lending stream other than it, and the enclosing entry's stream if
+        another, waits for its work; after a step, the lenders are let go (the step read what they lent)."""
+        self.entered.pop()
+        outer = self.entered[-1] if self.entered else None
+        waiting = [lender for key, lender in self.lenders.items() if key != stream.ptr]
+        if outer is not None and outer.ptr != stream.ptr:
+            waiting.append(outer)
+            self.last = outer
+        if waiting:
+            done = stream.record()
+            for other in waiting:
+                other.wait_event(done)
+        if outer is None and self.step_over:
+            self.lenders.clear()
+            self.step_over = False
 
     def order_forward(self, model: torch.nn.Module, outside_graphs) -> None:
         """Enter before each forward of ``model`` on a device (``outside_graphs``: the hook left out of compiled
@@ -107,22 +141,28 @@ class TorchStream:
         return run
 
 
-class JoinedEntry:
-    """An entry on ``stream`` whose end makes each of ``lenders`` wait for the entry's work, so that memory of a
-    gradient lent there and freed here goes back to its stream only after this entry has read it (what
-    ``Tensor.record_stream`` on each lent gradient would ensure, at one event an entry)."""
+class Entry:
+    """One entry of the engine on ``stream`` (``TorchStream``): it follows the engine's latest work in, and its end
+    is ``TorchStream.left``'s."""
 
-    def __init__(self, stream, lenders: list) -> None:
-        self.stream, self.lenders = stream, lenders
+    def __init__(self, owner: TorchStream, stream) -> None:
+        self.owner, self.stream = owner, stream
 
     def __enter__(self):
+        self.owner.follow(self.stream)
+        self.owner.entered.append(self.stream)
         return self.stream.__enter__()
 
     def __exit__(self, *exc) -> None:
-        done = self.stream.record()
-        for lender in self.lenders:
-            lender.wait_event(done)
+        self.owner.left(self.stream)
         self.stream.__exit__(*exc)
+
+
+def record_stream(tensor: torch.Tensor, device: torch.device) -> None:
+    """Keep ``tensor``'s memory from reuse until torch's current stream's work queued so far is done (a CUDA tensor;
+    the stand-in's CPU tensors run at once, and torch's CPU allocator reuses nothing early)."""
+    if tensor.device.type == "cuda":
+        tensor.record_stream(torch.cuda.current_stream(device))
 
 
 def on_torch_stream(method):

@@ -145,9 +145,10 @@ def test_the_cuda_rescale_formula_is_the_hosts_bit_for_bit(tmp_path):
     if compiler is None:
         pytest.skip("no C compiler on this machine")
     source = tmp_path / "rescale.c"
-    body = arithmetic.rescaled_statement(1, "t")
+    body = arithmetic.rescaled_statement(3, "t")  # the shift picked from three segments' bounds, as on a device
+    params = ", ".join(f"long long lo{s}, long long hi{s}, long long s{s}" for s in range(3))
     source.write_text(
-        "void run(long long* total, long long n, long long lo0, long long hi0, long long s0) {\n"
+        f"void run(long long* total, long long n, {params}) {{\n"
         f"  for (long long i = 0; i < n; i++) {{ long long t = total[i]; {body} total[i] = t; }}\n}}\n"
     )
     library = tmp_path / "rescale.so"
@@ -159,8 +160,11 @@ def test_the_cuda_rescale_formula_is_the_hosts_bit_for_bit(tmp_path):
         values = [0, 1, -1, 2**62, -(2**62), half, -half, 3 * half, -3 * half, half + 1, -half - 1]
         values += rng.integers(-(2**62), 2**62, 200).tolist()
         total = np.array([v for v in values if -(2**63) <= v < 2**63], dtype=np.int64)
+        third = total.size // 3  # the first third at no segment, the second at ``shift``, the rest at 70 - shift
+        bounds = [(2 * third, total.size, 70 - shift), (third, 2 * third, shift), (0, 0, 5)]
         expected = total.copy()
-        exact.rescale(expected, shift)
-        args = (ctypes.c_longlong(v) for v in (total.size, 0, total.size, shift))
+        for lo, hi, moved in bounds:
+            exact.rescale(expected[lo:hi], moved)
+        args = [ctypes.c_longlong(v) for v in (total.size, *(v for bound in bounds for v in bound))]
         run(total.ctypes.data_as(ctypes.POINTER(ctypes.c_longlong)), *args)
         assert total.tolist() == expected.tolist(), shift

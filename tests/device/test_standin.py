@@ -274,10 +274,10 @@ def test_a_meta_device_model_on_the_standin_trains_to_the_hosts_bytes(monkeypatc
 def test_forward_and_backward_on_a_users_stream_then_step_on_another_give_the_hosts_bytes(monkeypatch):
     """``with torch.cuda.stream(s):`` around forward and backward, ``step()`` outside it, at stage 3: the engine's
     work on ``s`` (gathers, gradient reductions) and on the default stream (updates of the param shards) is ordered
-    by events (``TorchStream.follow``, and ``JoinedEntry`` at the step's end); without them the stand-in, running
-    late, gives other bytes. In bfloat16, so that a kernel on ``s`` reads the param shards (widening them for the
-    forward): in float32 one rank's forward reads them in place, through torch, whose reads of shared memory the
-    stand-in runs at once."""
+    by events (``TorchStream.follow``; the lenders' wait, ``TorchStream.left``, where gradients were lent before
+    the engine met a second stream); without them the stand-in, running late, gives other bytes. In bfloat16, so
+    that a kernel on ``s`` reads the param shards (widening them for the forward): in float32 one rank's forward
+    reads them in place, through torch, whose reads of shared memory the stand-in runs at once."""
     from mpizero.torch import streams
 
     current = [streams.STANDIN_TORCH_STREAM]  # what stands for torch's current stream
@@ -295,7 +295,7 @@ def test_forward_and_backward_on_a_users_stream_then_step_on_another_give_the_ho
     on_host = trained(on_standin=False)
     assert trained(on_standin=True) == on_host
     monkeypatch.setattr(streams.TorchStream, "follow", lambda self, stream: None)
-    monkeypatch.setattr(streams.TorchStream, "lend", lambda self, array: array)  # no lender joins either
+    monkeypatch.setattr(streams.TorchStream, "lend", lambda self, tensor, array: array)  # no lender joins either
     assert trained(on_standin=True) != on_host
 
 
@@ -330,15 +330,17 @@ def test_a_forward_on_a_users_stream_enters_the_engine_before_its_first_module(m
 
 
 def test_a_stream_that_lent_gradients_waits_for_the_entries_on_other_streams(monkeypatch):
-    """Stage 1, three backward passes on the user's stream, ``step()`` on another: the third pass's gradients,
-    waiting for a partner (paired encode), are torch's own memory, read by the step. At the step's end the
-    backward's stream waits for an event after the step's last work (``JoinedEntry``), so torch's allocator
-    cannot give that memory to later work there before the step has read it; the backward passes, all on one
-    stream, wait for nothing, and a loop on one stream waits for nothing at all."""
+    """Stage 1, set up and three backward passes on the default stream, ``step()`` on another: the third pass's
+    gradients, waiting for a partner (paired encode), are torch's own memory, read by the step. Lent before the
+    engine met a second stream, none is recorded: at the step's end the default stream waits for an event after
+    the step's last work (``TorchStream.left``), so torch's allocator cannot give that memory to later work there
+    before the step has read it. Gradients lent after that are recorded (``record_stream``) on each stream the
+    engine enters. A loop on one stream waits for nothing and records nothing."""
     from mpizero.standin import cuda, late
     from mpizero.torch import streams
 
-    current = [streams.STANDIN_TORCH_STREAM]
+    default = streams.STANDIN_TORCH_STREAM
+    current = [default]
     monkeypatch.setattr(streams, "torch_stream_pointer", lambda device: current[0])
     waits = []  # (the stream that waits, the stream it waits on, where that stream's queue then stood)
     wait_event = cuda.Stream.wait_event
@@ -348,22 +350,26 @@ def test_a_stream_that_lent_gradients_waits_for_the_entries_on_other_streams(mon
         wait_event(stream, event)
 
     monkeypatch.setattr(cuda.Stream, "wait_event", logged)
+    recorded = []
+    monkeypatch.setattr(streams, "record_stream", lambda tensor, device: recorded.append(current[0]))
     model, zero = standin_model(monkeypatch, 1)
-    current[0] = 0xB0B
-    default = streams.STANDIN_TORCH_STREAM
     backward_passes(model, 3)
-    assert [(w, on) for w, on, _ in waits] == [(0xB0B, default)]  # after the set-up's work, then nothing
-    assert all(g.gradients.waiting.grads for g in zero.engine.groups)
+    assert waits == [] and recorded == [] and all(g.gradients.waiting.grads for g in zero.engine.groups)
+    current[0] = 0xB0B
+    zero.step()
+    assert [(w, on) for w, on, _ in waits] == [(0xB0B, default), (default, 0xB0B)] and recorded == []
+    assert waits[-1][2] == late.position(0xB0B) > 0  # after the step's last launch
     waits.clear()
     current[0] = default
-    zero.step()
-    assert [(w, on) for w, on, _ in waits] == [(default, 0xB0B), (0xB0B, default)]
-    assert waits[-1][2] == late.position(default) > waits[0][2]  # after the step's last launch
+    backward_passes(model, 2)
+    assert [(w, on) for w, on, _ in waits] == [(default, 0xB0B)]  # after the step's update
+    assert recorded == [default] * (2 * 6)  # each gradient, as it is lent
     del model, zero
     gc.collect()  # the first model's clean-up enters its engine too
     model, zero = standin_model(monkeypatch, 1)
     waits.clear()
+    recorded.clear()
     for _ in range(2):
         backward_passes(model, 3)
         zero.step()
-    assert waits == []
+    assert waits == [] and recorded == []

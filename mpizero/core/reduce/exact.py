@@ -88,8 +88,7 @@ def rescale_segments(total, segments) -> None:
     moved = [segment for segment in segments if segment[2] > 0]
     xp = array_module(total)
     if xp is np:
-        for lo, hi, shift in moved:
-            rescale(total[lo:hi], shift)
+        _rescaled_parts(moved, total)
         return
     for first in range(0, len(moved), arithmetic.MAX_SEGMENTS):
         part = moved[first : first + arithmetic.MAX_SEGMENTS]
@@ -111,7 +110,7 @@ def _rescale_kernel(cupy, count: int):
 
 
 def _rescaled_parts(segments, total) -> None:
-    """The stand-in's rescale kernel: ``rescale`` of each segment of the memory underneath."""
+    """``rescale`` of each segment of ``total`` (host memory: the host's way, and the stand-in's kernel body)."""
     for lo, hi, shift in segments:
         rescale(total[lo:hi], shift)
 
