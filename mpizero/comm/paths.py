@@ -41,7 +41,7 @@ class CommPaths:
     device: str
     nodes: int
     mpi_library: str
-    ranks_per_node: tuple[int, ...] = ()
+    ranks_per_node: tuple[int, ...]
 
     @property
     def pieces_from_bytes(self) -> float:
@@ -66,7 +66,7 @@ class CommPaths:
         found = []
         for choice in CHOICES[1:]:
             try:
-                settle_reduce_scatter(choice, self.nodes, self.device != "host", self.ranks_per_node)
+                settle_reduce_scatter(choice, self.nodes, False, self.ranks_per_node)
             except ZeroError:
                 continue
             found.append(choice)
